@@ -1,0 +1,119 @@
+"""The bridge: every trainable parameter of a composition (paper section 3.1).
+
+One GatedCrossAttention per (anchor layer, augmenting layer) pair: project the augmenting
+states to the anchor's width, cross-attend from the anchor states to them, and add the result
+to the anchor's residual stream through a tanh gate that starts at 0 (so the composed model
+starts exactly equal to the anchor).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import CALMError
+
+
+class GatedCrossAttention(nn.Module):
+    """Anchor layer j attends to the projected states of augmenting layer i."""
+
+    def __init__(self, augment_width: int, anchor_width: int, num_heads: int, gate: str = "channel", norm: bool = True):
+        super().__init__()
+        if anchor_width % num_heads:
+            raise CALMError(f"{num_heads} cross-attention heads do not divide the anchor width {anchor_width}.")
+        self.num_heads, self.head_dim = num_heads, anchor_width // num_heads
+        self.norm_augment = nn.LayerNorm(augment_width) if norm else nn.Identity()
+        self.norm_anchor = nn.LayerNorm(anchor_width) if norm else nn.Identity()
+        self.proj = nn.Linear(augment_width, anchor_width)  # f_proj: D_A -> D_B
+        self.q = nn.Linear(anchor_width, anchor_width, bias=False)
+        self.k = nn.Linear(anchor_width, anchor_width, bias=False)
+        self.v = nn.Linear(anchor_width, anchor_width, bias=False)
+        self.o = nn.Linear(anchor_width, anchor_width, bias=False)  # W^O
+        self.gate_type = gate
+        if gate == "channel":
+            self.gate = nn.Parameter(torch.zeros(anchor_width))
+        elif gate == "scalar":
+            self.gate = nn.Parameter(torch.zeros(1))
+        else:
+            self.register_parameter("gate", None)
+
+    def gate_values(self) -> torch.Tensor:
+        """tanh(gate) per channel (one value for a scalar gate; 1 for the ungated residual)."""
+        if self.gate is None:
+            return torch.ones(1, device=self.o.weight.device)
+        return torch.tanh(self.gate)
+
+    def memory(self, augment_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, heads, T_aug, head_dim) from augmenting states (B, T_aug, D_A).
+        Computed once per augmenting token; generation appends to them."""
+        x = self.proj(self.norm_augment(augment_states.to(self.proj.weight.dtype)))
+        return self._heads(self.k(x)), self._heads(self.v(x))
+
+    def forward(self, anchor_states, memory, visible, scale: float = 1.0, record: list | None = None):
+        """The gated contribution (B, T, D_B) to add to anchor_states (B, T, D_B).
+
+        visible: (B, T, T_aug) bool. A row that may see nothing contributes exactly zero.
+        record: when a list, the attention weights (B, heads, T, T_aug) are appended to it.
+        """
+        keys, values = memory
+        dtype = anchor_states.dtype
+        q = self._heads(self.q(self.norm_anchor(anchor_states.to(self.q.weight.dtype))))
+        # Masked entries get the most negative finite value, never -inf: rows that see nothing
+        # stay finite (and are zeroed below), so neither outputs nor gradients can be NaN.
+        bias = torch.zeros(visible.shape, dtype=q.dtype, device=q.device)
+        bias = bias.masked_fill(~visible, torch.finfo(q.dtype).min)[:, None]  # (B, 1, T, T_aug)
+        if record is None:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)
+        else:
+            scores = q @ keys.transpose(-1, -2) / math.sqrt(self.head_dim) + bias
+            weights = scores.softmax(-1) * visible[:, None]
+            record.append(weights.detach().float().cpu())
+            out = weights @ values
+        B, H, T, D = out.shape
+        out = self.o(out.transpose(1, 2).reshape(B, T, H * D))
+        out = out * visible.any(-1, keepdim=True)
+        if self.gate is not None:
+            out = out * torch.tanh(self.gate)
+        return (out * scale).to(dtype)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+
+
+class AugmentBridge(nn.Module):
+    """The composition blocks between the anchor and one augmenting model."""
+
+    def __init__(self, pairs: list[tuple[int, int]], augment_width: int, anchor_width: int, num_heads: int,
+                 gate: str, norm: bool):
+        super().__init__()
+        self.pairs = [tuple(p) for p in pairs]  # (anchor layer, augmenting layer), 0-based
+        self.blocks = nn.ModuleList(
+            GatedCrossAttention(augment_width, anchor_width, num_heads, gate, norm) for _ in pairs
+        )
+
+    @property
+    def augment_layers(self) -> list[int]:
+        return [a for _, a in self.pairs]
+
+    @property
+    def anchor_layers(self) -> list[int]:
+        return [b for b, _ in self.pairs]
+
+
+class Bridge(nn.Module):
+    """All trainable parameters of a composition: one AugmentBridge per augmenting model."""
+
+    def __init__(self, augments: list[AugmentBridge]):
+        super().__init__()
+        self.augments = nn.ModuleList(augments)
+
+    def blocks(self) -> list[GatedCrossAttention]:
+        """Every composition layer, augmenting models in order: the indices used by gates(),
+        layers_off() and attention recording."""
+        return [block for bridge in self.augments for block in bridge.blocks]
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

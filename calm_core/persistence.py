@@ -1,0 +1,140 @@
+"""Saving and loading the bridge alone, PEFT-style: a JSON config plus one safetensors file."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+
+from .config import CALMConfig
+from .errors import CALMError, IncompatibleBridgeError
+
+CONFIG_NAME = "bridge_config.json"
+WEIGHTS_NAME = "bridge.safetensors"
+FORMAT_VERSION = 1
+
+
+def bridge_description(calm) -> dict:
+    """Everything a bridge needs to be rebuilt and checked against the models it is loaded onto."""
+    return {
+        "format": "calm-bridge",
+        "format_version": FORMAT_VERSION,
+        "config": calm.config.to_dict(),
+        "anchor": asdict(calm.anchor.info),
+        "augments": [
+            {**asdict(member.info), "layer_pairs": [list(p) for p in bridge.pairs]}
+            for member, bridge in zip(calm.augments, calm.bridge.augments)
+        ],
+    }
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_bridge(calm, directory, extra: dict | None = None) -> Path:
+    """Write bridge_config.json and bridge.safetensors into directory, each file atomically."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.detach().contiguous().cpu() for name, t in calm.bridge.state_dict().items()}
+    _atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(tensors, p, metadata={"format": "pt"}))
+    description = {**bridge_description(calm), **(extra or {})}
+    _atomic_write(directory / CONFIG_NAME, lambda p: Path(p).write_text(json.dumps(description, indent=2)))
+    return directory
+
+
+def read_description(directory) -> dict:
+    path = Path(directory) / CONFIG_NAME
+    if not path.is_file():
+        raise CALMError(f"{directory} holds no saved bridge: {CONFIG_NAME} is missing.")
+    try:
+        description = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CALMError(f"{path} is not valid JSON: {exc}") from exc
+    if description.get("format") != "calm-bridge":
+        raise CALMError(f"{path} is not a CALM bridge config.")
+    if not (Path(directory) / WEIGHTS_NAME).is_file():
+        raise CALMError(f"{directory} holds no bridge weights: {WEIGHTS_NAME} is missing.")
+    return description
+
+
+def check_fits(description: dict, calm) -> None:
+    """Raise IncompatibleBridgeError naming every way the models differ from the saved ones."""
+    problems = []
+    saved_members = [("anchor", description["anchor"])] + [
+        (f"augmenting model {k}", d) for k, d in enumerate(description["augments"])
+    ]
+    members = [calm.anchor] + calm.augments
+    if len(description["augments"]) != len(calm.augments):
+        problems.append(f"it was made for {len(description['augments'])} augmenting model(s), got {len(calm.augments)}")
+    for (role, saved), member in zip(saved_members, members):
+        for field in ("width", "num_layers"):
+            if saved[field] != getattr(member.info, field):
+                problems.append(
+                    f"the {role} has {field} {getattr(member.info, field)} but the bridge was made for "
+                    f"{saved[field]} ({saved['name']})"
+                )
+    for k, (saved, bridge) in enumerate(zip(description["augments"], calm.bridge.augments)):
+        if [tuple(p) for p in saved["layer_pairs"]] != bridge.pairs and not problems:
+            problems.append(f"augmenting model {k}: layer pairs {bridge.pairs} differ from the saved {saved['layer_pairs']}")
+    if problems:
+        raise IncompatibleBridgeError("This bridge does not fit these models: " + "; ".join(problems) + ".")
+
+
+def load_bridge_weights(calm, directory) -> None:
+    state = load_file(str(Path(directory) / WEIGHTS_NAME), device="cpu")
+    expected = calm.bridge.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    wrong = [k for k in expected if k in state and state[k].shape != expected[k].shape]
+    if missing or unexpected or wrong:
+        raise IncompatibleBridgeError(
+            f"The weights in {directory} do not match this bridge: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}, wrong shape {wrong[:5]}."
+        )
+    calm.bridge.load_state_dict(state)
+
+
+def load_composed(cls, directory, anchor=None, augments=None, dtype=None, trust_remote_code=False):
+    description = read_description(directory)
+    config = CALMConfig.from_dict(description["config"])
+    # The saved pairs are the truth: they survive even if how `every` is resolved ever changes.
+    if description["augments"]:
+        pairs = description["augments"][0]["layer_pairs"]
+        if all(d["layer_pairs"] == pairs for d in description["augments"]):
+            config.anchor_layers = [b for b, _ in pairs]
+            config.augment_layers = [a for _, a in pairs]
+    if anchor is None:
+        calm = cls.from_names(description["anchor"]["name"], [d["name"] for d in description["augments"]],
+                              config, dtype=dtype, trust_remote_code=trust_remote_code)
+    else:
+        try:
+            calm = cls(anchor, augments or [], config)
+        except CALMError as exc:
+            # Building the bridge can fail first (a layer outside a shallower model): say what differs.
+            probe = _Probe(anchor, augments or [])
+            check_fits(description, probe)
+            raise exc
+    check_fits(description, calm)
+    load_bridge_weights(calm, directory)
+    return calm
+
+
+class _Probe:
+    """Just enough of a ComposedLM to compare model shapes when the bridge cannot be built."""
+
+    def __init__(self, anchor, augments):
+        from .compose import Member
+
+        self.anchor = Member.wrap(anchor)
+        self.augments = [Member.wrap(p) for p in augments]
+        self.bridge = type("B", (), {"augments": []})()

@@ -1,0 +1,47 @@
+"""Tiny models and tokenizers, all built offline and seeded."""
+import pytest
+import torch
+
+from calm_core import CALMConfig, ComposedLM
+from calm_core.tiny import bpe_tokenizer, char_tokenizer, tiny_model
+
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "hello world, this is a small corpus for a tiny tokenizer",
+    "naïve café, déjà vu: 12 + 30 = 42",
+] * 4
+
+
+@pytest.fixture(scope="session")
+def tokenizers():
+    """Named tokenizers: character level with and without BOS, byte-level BPE with and without."""
+    return {
+        "char_bos": char_tokenizer(add_bos=True),
+        "char": char_tokenizer(add_bos=False),
+        "bpe": bpe_tokenizer(CORPUS, vocab_size=320, add_bos=False),
+        "bpe_bos": bpe_tokenizer(CORPUS, vocab_size=320, add_bos=True),
+    }
+
+
+def make_pair(arch, tokenizer, layers=2, width=32, heads=4, seed=0):
+    return tiny_model(arch, len(tokenizer), layers=layers, width=width, heads=heads, seed=seed), tokenizer
+
+
+def randomize_bridge(calm, seed=0, std=0.3):
+    """Non-zero bridge weights and open gates, so that every path through the bridge matters."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in calm.bridge.named_parameters():
+            if name.endswith("gate"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0, std)
+    return calm
+
+
+@pytest.fixture
+def composed(tokenizers):
+    """A GPT-2 anchor composed with a Llama augment that reads a different tokenizer."""
+    anchor = make_pair("gpt2", tokenizers["char_bos"], layers=4, width=32, seed=1)
+    augment = make_pair("llama", tokenizers["bpe"], layers=4, width=24, seed=2)
+    return ComposedLM(anchor=anchor, augments=[augment], config=CALMConfig(every=2))

@@ -1,0 +1,239 @@
+"""Exactness, causality and padding of the composed forward pass, across architectures."""
+import pytest
+import torch
+
+from calm_core import CALMConfig, CALMError, ComposedLM
+from calm_core.tiny import ARCHITECTURES
+
+from .conftest import make_pair, randomize_bridge
+
+# Every architecture once as anchor and once as augment, each paired with a different one.
+PAIRS = list(zip(ARCHITECTURES, ARCHITECTURES[1:] + ARCHITECTURES[:1]))
+# (anchor tokenizer, augment tokenizer): shared, and different (one adds BOS, one does not).
+TOKENIZERS = {"shared": ("char_bos", "char_bos"), "different": ("char_bos", "bpe"), "bpe_anchor": ("bpe_bos", "char")}
+
+
+def build(tokenizers, anchor_arch, augment_arch, mode, gate="channel"):
+    anchor_tok, augment_tok = TOKENIZERS[mode]
+    anchor = make_pair(anchor_arch, tokenizers[anchor_tok], layers=4, width=32, seed=1)
+    augment = make_pair(augment_arch, tokenizers[augment_tok], layers=2, width=16, heads=2, seed=2)
+    return ComposedLM(anchor, [augment], CALMConfig(every=1, gate=gate))
+
+
+def anchor_alone(calm, texts):
+    enc = calm.encode(texts).anchor
+    return calm.anchor.model(input_ids=enc.input_ids, attention_mask=enc.attention_mask.long()).logits
+
+
+TEXTS = ["the quick brown fox", "naïve café: 12 + 30 = 42", "a"]
+
+
+@pytest.mark.parametrize("mode", list(TOKENIZERS))
+@pytest.mark.parametrize("anchor_arch, augment_arch", PAIRS)
+@torch.no_grad()
+def test_closed_gates_give_the_anchor_exactly(tokenizers, anchor_arch, augment_arch, mode):
+    calm = build(tokenizers, anchor_arch, augment_arch, mode)
+    composed, reference = calm.logits(TEXTS), anchor_alone(calm, TEXTS)
+    mask = calm.encode(TEXTS).anchor.attention_mask
+    assert composed.shape == reference.shape
+    torch.testing.assert_close(composed[mask], reference[mask], atol=1e-5, rtol=0)
+
+
+def prefix_positions(calm, a, b):
+    """Anchor positions whose token is the same in both texts and ends inside their common prefix."""
+    common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    ids, offsets, _ = __import__("calm_core.alignment", fromlist=["tokenize"]).tokenize(calm.anchor.tokenizer, [a, b])
+    n = 0
+    for (ia, oa), (ib, ob) in zip(zip(ids[0], offsets[0]), zip(ids[1], offsets[1])):
+        if ia != ib or oa != ob or oa[1] > common:
+            break
+        n += 1
+    return n
+
+
+# Text pairs that differ after a word boundary.
+EDITS = [
+    ("the quick brown fox", "the quick brown cat jumps"),
+    ("hello world, this is", "hello world! that was"),
+    ("naïve café is here", "naïve cafés are there"),
+    ("12 + 30 = 42", "12 + 30 = 4200"),
+]
+
+
+@pytest.mark.parametrize("mode", list(TOKENIZERS))
+@pytest.mark.parametrize("anchor_arch, augment_arch", PAIRS[:4])
+@torch.no_grad()
+def test_no_information_flows_from_the_future(tokenizers, anchor_arch, augment_arch, mode):
+    calm = randomize_bridge(build(tokenizers, anchor_arch, augment_arch, mode))
+    for a, b in EDITS:
+        n = prefix_positions(calm, a, b)
+        assert n > 0
+        la, lb = calm.logits([a])[0, :n], calm.logits([b])[0, :n]
+        torch.testing.assert_close(la, lb, atol=1e-5, rtol=0)
+        # ... while the bridge does change those positions: the test would notice a leak.
+        with calm.gate_scale(0):
+            assert not torch.allclose(calm.logits([a])[0, :n], la, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", list(TOKENIZERS))
+@torch.no_grad()
+def test_padding_never_changes_a_row(tokenizers, mode):
+    calm = randomize_bridge(build(tokenizers, "llama", "gpt2", mode))
+    alone = calm.logits(["a short one"])[0]
+    batched = calm.logits(["a short one", "and a much longer text that forces padding"])[0, : alone.shape[0]]
+    torch.testing.assert_close(batched, alone, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_a_position_that_sees_nothing_gets_zero_not_nan(tokenizers):
+    # The anchor adds BOS, the augment does not: the anchor's BOS may see no augmenting token.
+    calm = randomize_bridge(build(tokenizers, "gpt2", "llama", "different"))
+    logits = calm.logits(["hello"])
+    assert torch.isfinite(logits).all()
+    torch.testing.assert_close(logits[0, 0], anchor_alone(calm, ["hello"])[0, 0], atol=1e-6, rtol=0)
+    with calm.record_attention() as rec:
+        calm.logits(["hello"])
+    assert all(torch.all(m[0, :, 0] == 0) for m in rec.maps)
+
+
+@pytest.mark.parametrize("gate", ["channel", "scalar", "none"])
+def test_gate_types(tokenizers, gate):
+    calm = build(tokenizers, "gpt2", "qwen2", "different", gate=gate)
+    sizes = {"channel": 32, "scalar": 1, "none": 1}
+    assert [g.shape for g in calm.gates()] == [torch.Size([sizes[gate]])] * 2
+    assert all(torch.all(g == (1.0 if gate == "none" else 0.0)) for g in calm.gates())
+
+
+def test_bridge_holds_every_trainable_parameter_and_nothing_else(composed):
+    assert all(p.requires_grad for p in composed.bridge.parameters())
+    for member in [composed.anchor] + composed.augments:
+        assert not any(p.requires_grad for p in member.model.parameters())
+        assert not member.model.training
+    assert not set(map(id, composed.bridge.parameters())) & {
+        id(p) for m in [composed.anchor] + composed.augments for p in m.model.parameters()
+    }
+
+
+def test_training_moves_only_the_bridge_and_opens_the_gates(composed):
+    frozen = {
+        name: p.clone() for member in [composed.anchor] + composed.augments
+        for name, p in member.model.named_parameters(prefix=member.info.architecture)
+    }
+    optimizer = torch.optim.AdamW(composed.bridge.parameters(), lr=1e-2)
+    batch = composed.encode(["hello world", "the quick brown fox"])
+    for _ in range(3):
+        logits = composed.forward(batch)
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].flatten(0, 1), batch.anchor.input_ids[:, 1:].flatten(), reduction="none"
+        )[batch.anchor.attention_mask[:, 1:].flatten()].mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    for member in [composed.anchor] + composed.augments:
+        for name, p in member.model.named_parameters(prefix=member.info.architecture):
+            assert torch.equal(p, frozen[name]), name
+            assert p.grad is None
+    assert all(g.abs().max() > 0 for g in composed.gates())
+
+
+def test_gate_scale_and_layers_off(composed):
+    randomize_bridge(composed)
+    texts = ["hello world"]
+    with torch.no_grad():
+        full, reference = composed.logits(texts), anchor_alone(composed, texts)
+        with composed.gate_scale(0.0):
+            assert torch.equal(composed.logits(texts), reference)
+        with composed.layers_off([0, 1]):
+            assert torch.equal(composed.logits(texts), reference)
+        with composed.layers_off([1]):
+            only_first = composed.logits(texts)
+        assert not torch.allclose(only_first, full) and not torch.allclose(only_first, reference)
+        with composed.gate_scale(2.0):
+            assert not torch.allclose(composed.logits(texts), full)
+        torch.testing.assert_close(composed.logits(texts), full)  # contexts restore the state
+    with pytest.raises(CALMError, match="do not exist"):
+        with composed.layers_off([5]):
+            pass
+
+
+def test_record_attention(composed):
+    randomize_bridge(composed)
+    with torch.no_grad(), composed.record_attention() as rec:
+        composed.logits(["hello world", "the fox"])
+    assert len(rec.maps) == 2
+    assert rec.anchor_tokens[:3] == ["<s>", "h", "e"]
+    assert "".join(rec.augment_tokens) == "hello world" and len(rec.augment_tokens) > 1
+    for m in rec.maps:
+        assert m.shape == (2, 4, len(rec.anchor_tokens), len(rec.augment_tokens))
+        sums = m.sum(-1)
+        assert torch.all(((sums - 1).abs() < 1e-5) | (sums == 0))
+        assert torch.any(sums == 0)  # padding rows and the BOS see nothing
+    assert composed._recorder is None
+
+
+def test_two_augmenting_models(tokenizers):
+    anchor = make_pair("mistral", tokenizers["char_bos"], layers=4, seed=1)
+    augments = [make_pair("gpt_neox", tokenizers["bpe"], layers=2, width=16, seed=2),
+                make_pair("phi", tokenizers["char_bos"], layers=4, width=16, heads=2, seed=3)]
+    calm = ComposedLM(anchor, augments, CALMConfig(every=2))
+    assert [p[0] for p in calm.layer_pairs()] == [0, 1, 1]
+    assert len(calm.gates()) == 3
+    with torch.no_grad():
+        torch.testing.assert_close(calm.logits(TEXTS), anchor_alone(calm, TEXTS), atol=1e-5, rtol=0)
+        randomize_bridge(calm)
+        both = calm.logits(TEXTS)
+        with calm.layers_off([0]):
+            second_only = calm.logits(TEXTS)
+        assert not torch.allclose(both, second_only)
+    assert calm.generate("hello", max_new_tokens=5) == calm.generate("hello", max_new_tokens=5, use_cache=False)
+
+
+def test_bare_models_are_unchanged_and_can_be_wrapped_twice(tokenizers):
+    anchor = make_pair("gpt2", tokenizers["char_bos"], layers=2, seed=1)
+    augment = make_pair("llama", tokenizers["bpe"], layers=2, seed=2)
+    ids = tokenizers["char_bos"](["hello"], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        before = anchor[0](ids).logits
+        first = randomize_bridge(ComposedLM(anchor, [augment], CALMConfig(every=1)), seed=1)
+        second = randomize_bridge(ComposedLM(anchor, [augment], CALMConfig(every=2)), seed=2)
+        a, b = first.logits(["hello"]), second.logits(["hello"])
+        assert not torch.allclose(a, b)
+        torch.testing.assert_close(first.logits(["hello"]), a)
+        torch.testing.assert_close(anchor[0](ids).logits, before, atol=0, rtol=0)
+    for model in (anchor[0], augment[0]):
+        assert not any(m._forward_hooks for m in model.modules())
+
+
+def test_augmenting_model_stops_after_its_deepest_composition_layer(tokenizers):
+    anchor = make_pair("gpt2", tokenizers["char_bos"], layers=2, seed=1)
+    augment = make_pair("llama", tokenizers["char_bos"], layers=4, seed=2)
+    calm = ComposedLM(anchor, [augment], CALMConfig(augment_layers=[1]))
+    ran = []
+    handles = [layer.register_forward_pre_hook(lambda m, a, i=i: ran.append(i)) for i, layer in enumerate(calm.augments[0].layers)]
+    norm = augment[0].model.norm.register_forward_pre_hook(lambda *a: ran.append("norm"))
+    try:
+        calm.logits(["hello"])
+    finally:
+        for h in handles + [norm]:
+            h.remove()
+    assert ran == [0, 1]
+
+
+def test_unknown_layout_names_the_architecture():
+    from calm_core import ModelLoadError, decoder_layers
+
+    class Strange(torch.nn.Module):
+        config = type("C", (), {"architectures": ["StrangeForCausalLM"]})()
+
+    with pytest.raises(ModelLoadError, match="StrangeForCausalLM"):
+        decoder_layers(Strange())
+
+
+def test_a_slow_tokenizer_is_refused_only_when_alignment_needs_offsets(tokenizers):
+    class Slow:
+        is_fast = False
+
+    anchor = make_pair("gpt2", tokenizers["char_bos"], seed=1)
+    augment = make_pair("llama", tokenizers["char_bos"], seed=2)
+    with pytest.raises(CALMError, match="not a fast tokenizer"):
+        ComposedLM(anchor, [(augment[0], Slow())], CALMConfig(every=1))

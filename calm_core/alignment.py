@@ -26,6 +26,7 @@ class Encoding:
     attention_mask: torch.Tensor  # (B, T) bool
     keys: torch.Tensor  # (B, T) long, see the module docstring
     tokens: list[list[str]]  # readable token strings per row, padding excluded
+    spans: list[list[tuple[int, int]]]  # character (start, end) per real token, as the tokenizer gives them
 
     @property
     def lengths(self) -> list[int]:
@@ -116,13 +117,14 @@ def encode(tokenizer, texts: list[str], role: str, add_special_tokens: bool = Tr
         attention_mask=mask,
         keys=pad_rows(keys, 0),
         tokens=[display_tokens(tokenizer, t, i, o) for t, i, o in zip(texts, ids, offsets)],
+        spans=[[tuple(o) for o in row] for row in offsets],
     )
 
 
 def positional(encoding: Encoding) -> Encoding:
     """The same encoding with token positions as keys: the shared-tokenizer case."""
     B, T = encoding.input_ids.shape
-    return Encoding(encoding.input_ids, encoding.attention_mask, torch.arange(T).expand(B, T), encoding.tokens)
+    return Encoding(encoding.input_ids, encoding.attention_mask, torch.arange(T).expand(B, T), encoding.tokens, encoding.spans)
 
 
 def visibility(anchor_keys: torch.Tensor, anchor_mask: torch.Tensor,

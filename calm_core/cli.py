@@ -1,0 +1,245 @@
+"""Command line: python -m calm_core {train,eval,generate} ...
+
+Every run writes into --out: config.json (the resolved options), metrics.jsonl, the final
+bridge (bridge/), checkpoints/ and eval.json, so runs can be compared and reloaded.
+Errors a user can act on (CALMError) are printed as one message, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .config import CALMConfig
+from .errors import CALMError
+
+
+def _add_models(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument("--anchor", required=required, help="anchor model: hub id or local folder")
+    p.add_argument("--augment", action="append", default=None, help="augmenting model (repeat for several)")
+    p.add_argument("--bridge", help="a saved bridge folder (its config names the models unless given)")
+    p.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
+    p.add_argument("--trust-remote-code", action="store_true", help="run model code from the hub (off by default)")
+
+
+def _add_bridge_shape(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--every", type=int, default=4)
+    p.add_argument("--anchor-layers", type=_int_list, default=None, help="e.g. 3,7,11")
+    p.add_argument("--augment-layers", type=_int_list, default=None)
+    p.add_argument("--heads", type=int, default=None)
+    p.add_argument("--gate", default="channel", choices=["channel", "scalar", "none"])
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _column_map(text: str) -> dict[str, str]:
+    pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+    if any(len(p) != 2 for p in pairs):
+        raise argparse.ArgumentTypeError(f"expected column=role pairs like source=prompt,target=completion, got {text!r}")
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m calm_core", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train a bridge on a data file")
+    _add_models(train, required=False)
+    _add_bridge_shape(train)
+    train.add_argument("--data", help="training file: csv, jsonl, json, parquet or txt")
+    train.add_argument("--validation", help="validation file (default: a seeded split of --data)")
+    train.add_argument("--column-map", type=_column_map, default=None, help="e.g. source=prompt,target=completion")
+    train.add_argument("--validation-fraction", type=float, default=0.1)
+    train.add_argument("--out", help="output folder for this run")
+    train.add_argument("--config", help="YAML file with any of these options (command-line options win)")
+    train.add_argument("--resume", help="checkpoint folder to continue from")
+    from .training import TrainConfig
+
+    defaults = TrainConfig()
+    for name in ("steps", "batch_size", "grad_accum", "warmup_steps", "log_every", "eval_every", "checkpoint_every", "seed"):
+        train.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
+    for name in ("lr", "weight_decay", "grad_clip", "cache_budget_mb"):
+        train.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
+    train.add_argument("--max-length", type=int, default=None)
+    train.add_argument("--bf16", action="store_true")
+    train.add_argument("--no-augment-cache", action="store_true", help="recompute augmenting states every step")
+    train.add_argument("--no-progress", action="store_true")
+
+    ev = sub.add_parser("eval", help="evaluate anchor, augments and composition on a data file")
+    _add_models(ev, required=False)
+    _add_bridge_shape(ev)
+    ev.add_argument("--data", required=True)
+    ev.add_argument("--column-map", type=_column_map, default=None)
+    ev.add_argument("--metrics", default="exact_match,chrf,bleu,loss")
+    ev.add_argument("--max-new-tokens", type=int, default=32)
+    ev.add_argument("--limit", type=int, default=None, help="evaluate the first N examples only")
+    ev.add_argument("--out", help="write eval.json here")
+
+    gen = sub.add_parser("generate", help="generate with a composed model")
+    _add_models(gen, required=False)
+    _add_bridge_shape(gen)
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-new-tokens", type=int, default=32)
+    gen.add_argument("--do-sample", action="store_true")
+    gen.add_argument("--temperature", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=None)
+    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--gate-scale", type=float, default=1.0)
+    return parser
+
+
+def _parse(argv) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "config", None):
+        import yaml
+
+        try:
+            options = yaml.safe_load(Path(args.config).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise CALMError(f"Could not read the config file {args.config}: {exc}") from exc
+        options = {k.replace("-", "_"): v for k, v in options.items()}
+        known = set(vars(args))
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise CALMError(f"{args.config}: unknown options {unknown}.")
+        explicit = {a.dest for a in parser._subparsers._group_actions[0].choices[args.command]._actions
+                    if any(opt in argv for opt in a.option_strings)}
+        for key, value in options.items():
+            if key not in explicit:
+                setattr(args, key, value)
+    return args
+
+
+def _calm_config(args) -> CALMConfig:
+    return CALMConfig(every=args.every, anchor_layers=args.anchor_layers, augment_layers=args.augment_layers,
+                      num_heads=args.heads, gate=args.gate)
+
+
+def _dtype(name):
+    import torch
+
+    return None if name is None else getattr(torch, name)
+
+
+def load_composition(args):
+    """The composed model a command works on: a saved bridge, or fresh models and a new bridge."""
+    from .compose import ComposedLM
+    from .models import load_causal_lm
+
+    options = dict(dtype=_dtype(args.dtype), trust_remote_code=args.trust_remote_code)
+    if args.bridge:
+        anchor = load_causal_lm(args.anchor, **options) if args.anchor else None
+        augments = [load_causal_lm(name, **options) for name in args.augment or []] if args.anchor else None
+        return ComposedLM.from_pretrained(args.bridge, anchor=anchor, augments=augments, **options)
+    if not args.anchor or not args.augment:
+        raise CALMError("Give --anchor and at least one --augment, or a saved --bridge.")
+    return ComposedLM.from_names(args.anchor, args.augment, _calm_config(args), **options)
+
+
+def _data_config(args):
+    from .data import DataConfig
+
+    return DataConfig(column_map=args.column_map, validation_fraction=getattr(args, "validation_fraction", 0.1),
+                      seed=getattr(args, "seed", 0) or 0)
+
+
+def cmd_train(args) -> int:
+    from .data import load_splits
+    from .persistence import save_bridge
+    from .training import TrainConfig, Trainer
+
+    for needed in ("data", "out"):
+        if not getattr(args, needed):
+            raise CALMError(f"train needs --{needed}.")
+    out = Path(args.out)
+    splits = load_splits(args.data, args.validation, _data_config(args))
+    import torch
+
+    torch.manual_seed(args.seed)  # the bridge's initial weights
+    calm = load_composition(args) if not args.resume else _resume_composition(args)
+    config = TrainConfig(
+        steps=args.steps, lr=args.lr, batch_size=args.batch_size, grad_accum=args.grad_accum,
+        warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+        log_every=args.log_every, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
+        seed=args.seed, bf16=args.bf16, max_length=args.max_length, cache_augment_states=not args.no_augment_cache,
+        cache_budget_mb=args.cache_budget_mb, out_dir=str(out), progress=not args.no_progress,
+    )
+    trainer = Trainer(calm, splits.train, splits.validation, config)
+    if trainer.dist.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        record = {k: v for k, v in vars(args).items() if k != "func"}
+        record.update(train_examples=len(splits.train), validation_examples=len(splits.validation), data_shape=splits.shape)
+        (out / "config.json").write_text(json.dumps(record, indent=2, default=str))
+    if args.resume:
+        trainer.resume(args.resume)
+    if trainer.truncated:
+        print(f"note: {trainer.truncated} examples were longer than the models' context and were truncated", file=sys.stderr)
+    result = trainer.train()
+    if trainer.dist.rank == 0:
+        save_bridge(calm, out / "bridge")
+        summary = {"step": result.step, "stop_reason": result.stop_reason, "message": result.message,
+                   "truncated": result.truncated, "augment_cache": result.augment_cache,
+                   "final": result.history[-1] if result.history else None}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        last = result.history[-1] if result.history else {}
+        print(f"{result.stop_reason} at step {result.step}: loss {last.get('loss')}, validation loss {last.get('val_loss')}; "
+              f"bridge saved to {out / 'bridge'}")
+        if result.message:
+            print(result.message, file=sys.stderr)
+    return 0 if result.stop_reason != "diverged" else 1
+
+
+def _resume_composition(args):
+    args.bridge = args.bridge or args.resume
+    return load_composition(args)
+
+
+def cmd_eval(args) -> int:
+    from .data import load_examples
+    from .evaluation import evaluate
+
+    calm = load_composition(args)
+    examples, _, _ = load_examples(args.data, _data_config(args))
+    if args.limit:
+        examples = examples[: args.limit]
+    table = evaluate(calm, examples, [m.strip() for m in args.metrics.split(",") if m.strip()], args.max_new_tokens)
+    print(table.to_markdown())
+    for name, signature in table.signatures.items():
+        print(f"{name} signature: {signature}")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "eval.json").write_text(json.dumps(
+            {"rows": table.rows, "signatures": table.signatures, "predictions": table.predictions, "data": args.data}, indent=2))
+    return 0
+
+
+def cmd_generate(args) -> int:
+    calm = load_composition(args)
+    with calm.gate_scale(args.gate_scale):
+        for piece in calm.stream(args.prompt, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+                                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed):
+            print(piece, end="", flush=True)
+    print()
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = _parse(argv)
+        return {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate}[args.command](args)
+    except CALMError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

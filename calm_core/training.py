@@ -1,0 +1,356 @@
+"""Training the bridge: AdamW on the bridge only, warmup + cosine, clipping, accumulation,
+live metrics, stop on request, atomic bridge-only checkpoints and exact resume.
+
+The frozen augmenting models never change, so their hidden states at the composition layers
+are computed once per example and reused across epochs when they fit the memory budget.
+Under `accelerate launch` each process takes its share of every global batch and the bridge's
+gradients are summed across processes, so N processes reproduce one process's run.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .batches import Row, collate, prepare, token_losses
+from .data import Example
+from .errors import CALMError
+from .persistence import save_bridge
+
+
+@dataclass
+class TrainConfig:
+    """Bridge training settings; the defaults train a small bridge on a CPU in minutes."""
+
+    steps: int = 200
+    lr: float = 1e-3
+    batch_size: int = 16  # examples per optimizer step, over all processes and accumulation steps
+    grad_accum: int = 1
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    log_every: int = 10
+    eval_every: int = 50
+    eval_examples: int = 256
+    checkpoint_every: int = 0  # 0: a checkpoint only at the end (when out_dir is set)
+    seed: int = 0
+    bf16: bool = False
+    max_length: int | None = None
+    append_eos: bool = True
+    cache_augment_states: bool = True
+    cache_budget_mb: float = 1024.0
+    out_dir: str | None = None
+    progress: bool = True
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every"):
+            if getattr(self, name) < 1:
+                raise CALMError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}.")
+        if self.lr <= 0:
+            raise CALMError(f"TrainConfig.lr must be > 0, got {self.lr}.")
+        if self.batch_size % self.grad_accum:
+            raise CALMError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}.")
+
+
+@dataclass
+class TrainResult:
+    step: int
+    history: list[dict] = field(default_factory=list)
+    stop_reason: str = "finished"  # "finished", "stopped" or "diverged"
+    message: str = ""
+    truncated: int = 0
+    augment_cache: bool = False
+
+
+def lr_factor(step: int, warmup: int, total: int) -> float:
+    """Linear warmup to 1, then cosine decay to 0 at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+class _Distributed:
+    """The process group when run under `accelerate launch`; a no-op for one process."""
+
+    def __init__(self):
+        self.world, self.rank, self.accelerator = 1, 0, None
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            from accelerate import Accelerator
+
+            self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+            self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
+
+    def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
+        return tensor
+
+    def broadcast_parameters(self, module) -> None:
+        """Every process starts from rank 0's bridge."""
+        if self.world > 1:
+            for p in module.parameters():
+                torch.distributed.broadcast(p.data, src=0)
+
+    def barrier(self):
+        if self.world > 1:
+            self.accelerator.wait_for_everyone()
+
+
+class Trainer:
+    def __init__(self, calm, train: list[Example], validation: list[Example] | None = None,
+                 config: TrainConfig | None = None, callback: Callable[[dict], None] | None = None):
+        self.calm, self.config, self.callback = calm, config or TrainConfig(), callback
+        if not train:
+            raise CALMError("No training examples.")
+        self.dist = _Distributed()
+        self.dist.broadcast_parameters(calm.bridge)
+        self.train_rows, truncated = prepare(calm, train, self.config.max_length, self.config.append_eos)
+        self.val_rows, val_truncated = prepare(calm, (validation or [])[: self.config.eval_examples],
+                                               self.config.max_length, self.config.append_eos)
+        self.truncated = truncated + val_truncated
+        params = list(calm.bridge.parameters())
+        self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay)
+        self.step = 0
+        self.history: list[dict] = []
+        self._stop = threading.Event()
+        self._states: dict[int, list[list[torch.Tensor]]] | None = None
+
+    # ---- control ------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop after the current step; the bridge keeps what it has learned."""
+        self._stop.set()
+
+    # ---- data ---------------------------------------------------------------------------------
+
+    def batch_indices(self, step: int) -> list[int]:
+        """The examples of the global batch at `step`: a stateless function of (seed, step), so a
+        resumed run sees exactly the batches an uninterrupted one would."""
+        n, size = len(self.train_rows), self.config.batch_size
+        out, position = [], step * size
+        while len(out) < size:
+            epoch, offset = divmod(position, n)
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.config.seed * 100003 + epoch))
+            take = min(size - len(out), n - offset)
+            out.extend(order[offset:offset + take].tolist())
+            position += take
+        return out
+
+    def _cache_fits(self) -> bool:
+        bytes_per_token = sum(
+            member.info.width * len(bridge.pairs) * 4 for member, bridge in zip(self.calm.augments, self.calm.bridge.augments)
+        )
+        tokens = sum(len(ids) for row in self.train_rows for ids in row.augment_ids)
+        return tokens * bytes_per_token <= self.config.cache_budget_mb * 2**20
+
+    def _cached_states(self, indices: list[int]):
+        """Augmenting states for these examples, computed once (in fixed-order chunks, so the
+        values never depend on which batch first needed them)."""
+        if self._states is None:
+            self._states = {}
+        chunk = 64
+        for start in sorted({i // chunk * chunk for i in indices}):
+            if start in self._states:
+                continue
+            rows = self.train_rows[start:start + chunk]
+            batch, _ = collate(self.calm, rows)
+            per_model = []
+            for k, enc in enumerate(batch.augments):
+                states = self.calm.augment_states(k, enc.input_ids, enc.attention_mask)
+                per_model.append([s.detach().float().cpu() for s in states])
+            self._states[start] = per_model
+        result = []
+        for k in range(len(self.calm.augments)):
+            layers = []
+            for layer in range(len(self.calm.bridge.augments[k].pairs)):
+                pieces = [self._states[i // chunk * chunk][k][layer][i % chunk] for i in indices]
+                length = max(len(self.train_rows[i].augment_ids[k]) for i in indices)
+                layers.append(torch.stack([p[:length] for p in pieces]))
+            result.append(layers)
+        return result
+
+    # ---- training -----------------------------------------------------------------------------
+
+    def _micro_batches(self, indices: list[int]) -> list[list[int]]:
+        mine = indices[self.dist.rank::self.dist.world]
+        per = max(1, math.ceil(len(mine) / self.config.grad_accum))
+        return [mine[i:i + per] for i in range(0, len(mine), per)]
+
+    def _train_step(self, use_cache: bool) -> tuple[float, int]:
+        """One optimizer step; returns (mean token loss over the global batch, target tokens)."""
+        cfg, calm = self.config, self.calm
+        indices = self.batch_indices(self.step)
+        total = self.dist.sum_(torch.tensor(float(sum(self.train_rows[i].num_targets for i in indices[self.dist.rank::self.dist.world]))))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros(())
+        for micro in self._micro_batches(indices):
+            batch, labels = collate(calm, [self.train_rows[i] for i in micro])
+            states = self._cached_states(micro) if use_cache else None
+            with torch.autocast(self._device_type(), dtype=torch.bfloat16, enabled=cfg.bf16):
+                logits = calm.forward(batch, augment_states=states)
+            losses = token_losses(logits, labels.to(logits.device))
+            (losses.sum() / total.clamp(min=1)).backward()
+            loss_sum += losses.detach().sum().cpu()
+        for p in calm.bridge.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            self.dist.sum_(p.grad)
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(calm.bridge.parameters(), cfg.grad_clip)
+        for group in self.optimizer.param_groups:
+            group["lr"] = cfg.lr * lr_factor(self.step, cfg.warmup_steps, cfg.steps)
+        self.optimizer.step()
+        self.step += 1
+        loss = self.dist.sum_(loss_sum) / total.clamp(min=1)
+        return float(loss), int(total)
+
+    def _device_type(self) -> str:
+        return next(self.calm.anchor.model.parameters()).device.type
+
+    @torch.no_grad()
+    def validation_loss(self) -> float | None:
+        if not self.val_rows:
+            return None
+        total, count = 0.0, 0
+        for start in range(0, len(self.val_rows), self.config.batch_size):
+            batch, labels = collate(self.calm, self.val_rows[start:start + self.config.batch_size])
+            losses = token_losses(self.calm.forward(batch), labels)
+            total, count = total + float(losses.sum()), count + losses.numel()
+        return total / max(1, count)
+
+    def train(self) -> TrainResult:
+        cfg, calm = self.config, self.calm
+        use_cache = cfg.cache_augment_states and self._cache_fits() and len(calm.augments) > 0
+        progress = _progress(cfg.progress and self.dist.rank == 0, self.step, cfg.steps)
+        result = TrainResult(self.step, self.history, truncated=self.truncated, augment_cache=use_cache)
+        good_state = _copy_state(calm.bridge)
+        window_loss, window_tokens, window_start, val_loss = 0.0, 0, time.perf_counter(), None
+        self._stop.clear()
+        try:
+            while self.step < cfg.steps:
+                if self._stop.is_set():
+                    result.stop_reason, result.message = "stopped", f"Stopped at step {self.step}; the bridge keeps what it learned."
+                    break
+                loss, tokens = self._train_step(use_cache)
+                if not math.isfinite(loss):
+                    calm.bridge.load_state_dict(good_state)
+                    result.stop_reason = "diverged"
+                    result.message = (f"Training diverged at step {self.step} (loss {loss}); the bridge was restored to "
+                                      f"its last good state. Try a lower learning rate (now {cfg.lr}).")
+                    break
+                window_loss, window_tokens = window_loss + loss * tokens, window_tokens + tokens
+                progress.update(1)
+                last = self.step == cfg.steps
+                if self.step % cfg.eval_every == 0 or last:
+                    val_loss = self.validation_loss()
+                if self.step % cfg.log_every == 0 or last:
+                    elapsed = time.perf_counter() - window_start
+                    record = self._record(window_loss / max(1, window_tokens), val_loss, window_tokens / max(elapsed, 1e-9))
+                    progress.set_postfix(loss=f"{record['loss']:.4f}")
+                    window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
+                    good_state = _copy_state(calm.bridge)
+                if cfg.out_dir and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and not last:
+                    self.save_checkpoint(Path(cfg.out_dir) / "checkpoints" / f"step-{self.step:06d}")
+        except KeyboardInterrupt:
+            result.stop_reason, result.message = "stopped", f"Interrupted at step {self.step}; the bridge keeps what it learned."
+        finally:
+            progress.close()
+        if cfg.out_dir:
+            self.save_checkpoint(Path(cfg.out_dir) / "checkpoints" / f"step-{self.step:06d}")
+        result.step = self.step
+        return result
+
+    def _record(self, loss: float, val_loss: float | None, tokens_per_s: float) -> dict:
+        gates = self.calm.gates()
+        record = {
+            "step": self.step, "loss": loss, "val_loss": val_loss,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "gates": [float(g.abs().mean()) for g in gates],
+            "gate_values": [g.tolist() for g in gates],
+            "tokens_per_s": tokens_per_s,
+        }
+        self.history.append(record)
+        if self.config.out_dir and self.dist.rank == 0:
+            path = Path(self.config.out_dir) / "metrics.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as f:
+                f.write(json.dumps({k: v for k, v in record.items() if k != "gate_values"}) + "\n")
+        if self.callback is not None:
+            self.callback(record)
+        return record
+
+    # ---- checkpoints --------------------------------------------------------------------------
+
+    def save_checkpoint(self, directory) -> Path | None:
+        """Bridge (JSON + safetensors) and optimizer state, written to a temporary folder and
+        renamed into place, so a checkpoint is either complete or absent."""
+        directory = Path(directory)
+        if self.dist.rank == 0:
+            tmp = directory.with_name(directory.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            save_bridge(self.calm, tmp, extra={"train_config": asdict(self.config), "step": self.step})
+            tensors, meta = _flatten_optimizer(self.optimizer)
+            save_file(tensors, str(tmp / "optimizer.safetensors"))
+            (tmp / "trainer_state.json").write_text(json.dumps({"step": self.step, "optimizer": meta, "history": self.history}))
+            shutil.rmtree(directory, ignore_errors=True)
+            os.replace(tmp, directory)
+        self.dist.barrier()
+        return directory
+
+    def resume(self, directory) -> None:
+        """Continue from a checkpoint written by save_checkpoint."""
+        from .persistence import check_fits, load_bridge_weights, read_description
+
+        directory = Path(directory)
+        check_fits(read_description(directory), self.calm)
+        state_path = directory / "trainer_state.json"
+        if not state_path.is_file():
+            raise CALMError(f"{directory} is a bridge but not a training checkpoint (no trainer_state.json).")
+        load_bridge_weights(self.calm, directory)
+        state = json.loads(state_path.read_text())
+        _load_optimizer(self.optimizer, load_file(str(directory / "optimizer.safetensors")), state["optimizer"])
+        self.step, self.history[:] = state["step"], state["history"]
+
+
+def _copy_state(module) -> dict:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _flatten_optimizer(optimizer) -> tuple[dict, dict]:
+    state = optimizer.state_dict()
+    tensors, meta = {}, {"param_groups": state["param_groups"], "state": {}}
+    for index, entry in state["state"].items():
+        meta["state"][str(index)] = []
+        for name, value in entry.items():
+            tensors[f"{index}.{name}"] = torch.as_tensor(value).detach().clone().contiguous()
+            meta["state"][str(index)].append(name)
+    return tensors, meta
+
+
+def _load_optimizer(optimizer, tensors: dict, meta: dict) -> None:
+    state = {int(i): {name: tensors[f"{i}.{name}"] for name in names} for i, names in meta["state"].items()}
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+class _NoProgress:
+    def update(self, n=1): ...
+    def set_postfix(self, **kw): ...
+    def close(self): ...
+
+
+def _progress(enabled: bool, start: int, total: int):
+    if not enabled:
+        return _NoProgress()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=start, desc="training bridge", unit="step")

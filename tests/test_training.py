@@ -1,0 +1,131 @@
+"""The trainer: learning, stopping, checkpoints, exact resume, divergence, truncation."""
+import json
+import random
+
+import pytest
+import torch
+
+from calm_core import CALMConfig, ComposedLM
+from calm_core.data import Example
+from calm_core.training import TrainConfig, Trainer
+
+from .conftest import make_pair
+
+
+def reverse_task(n, seed):
+    """A tiny learnable task: write the letters of the prompt backwards."""
+    rng = random.Random(seed)
+    words = ["".join(rng.choice("abcdef") for _ in range(4)) for _ in range(n)]
+    return [Example(w + "=", w[::-1]) for w in words]
+
+
+@pytest.fixture
+def calm(tokenizers):
+    anchor = make_pair("gpt2", tokenizers["char_bos"], layers=2, width=32, seed=1)
+    augment = make_pair("llama", tokenizers["bpe"], layers=2, width=24, seed=2)
+    return ComposedLM(anchor, [augment], CALMConfig(every=1))
+
+
+def config(**kw):
+    base = dict(steps=30, lr=3e-3, batch_size=8, warmup_steps=5, log_every=10, eval_every=10, progress=False)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_training_lowers_validation_loss_and_opens_the_gates(calm):
+    seen = []
+    trainer = Trainer(calm, reverse_task(120, 0), reverse_task(24, 1), config(steps=60), callback=seen.append)
+    before = trainer.validation_loss()
+    result = trainer.train()
+    assert result.stop_reason == "finished" and result.step == 60
+    assert result.history[-1]["val_loss"] < before - 0.1
+    assert all(g > 0 for g in result.history[-1]["gates"])
+    assert [r["step"] for r in seen] == [10, 20, 30, 40, 50, 60]
+    assert set(seen[0]) >= {"step", "loss", "val_loss", "lr", "gates", "tokens_per_s"}
+    assert seen[0]["lr"] > seen[-1]["lr"]  # cosine decay
+
+
+def test_stop_keeps_what_was_learned(calm, tmp_path):
+    initial = {k: v.clone() for k, v in calm.bridge.state_dict().items()}
+    trainer = None
+
+    def stop_at_ten(record):
+        if record["step"] == 10:
+            trainer.request_stop()
+
+    trainer = Trainer(calm, reverse_task(64, 0), None, config(steps=100, out_dir=str(tmp_path)), callback=stop_at_ten)
+    result = trainer.train()
+    assert result.stop_reason == "stopped" and result.step == 10
+    assert any(not torch.equal(initial[k], v) for k, v in calm.bridge.state_dict().items())
+    checkpoint = tmp_path / "checkpoints" / "step-000010"
+    assert sorted(p.name for p in checkpoint.iterdir()) == [
+        "bridge.safetensors", "bridge_config.json", "optimizer.safetensors", "trainer_state.json"]
+    assert not list((tmp_path / "checkpoints").glob("*.tmp"))
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_resume_reaches_the_same_bridge(tokenizers, tmp_path, cache):
+    def fresh():
+        anchor = make_pair("gpt2", tokenizers["char_bos"], layers=2, width=32, seed=1)
+        augment = make_pair("llama", tokenizers["bpe"], layers=2, width=24, seed=2)
+        torch.manual_seed(0)
+        return ComposedLM(anchor, [augment], CALMConfig(every=1))
+
+    train = reverse_task(40, 0)  # 40 examples, batch 8: the run crosses epochs
+    whole = fresh()
+    Trainer(whole, train, None, config(steps=20, cache_augment_states=cache)).train()
+
+    first = fresh()
+    Trainer(first, train, None, config(steps=20, checkpoint_every=10, cache_augment_states=cache,
+                                       out_dir=str(tmp_path))).train()
+    second = fresh()
+    trainer = Trainer(second, train, None, config(steps=20, cache_augment_states=cache))
+    trainer.resume(tmp_path / "checkpoints" / "step-000010")
+    assert trainer.step == 10
+    trainer.train()
+    for (name, a), b in zip(whole.bridge.state_dict().items(), second.bridge.state_dict().values()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_gradient_accumulation_matches_one_big_batch(tokenizers):
+    results = []
+    for accum in (1, 4):
+        anchor = make_pair("gpt2", tokenizers["char_bos"], layers=2, width=32, seed=1)
+        augment = make_pair("llama", tokenizers["bpe"], layers=2, width=24, seed=2)
+        torch.manual_seed(0)
+        c = ComposedLM(anchor, [augment], CALMConfig(every=1))
+        Trainer(c, reverse_task(32, 0), None, config(steps=5, grad_accum=accum, cache_augment_states=False)).train()
+        results.append(c.bridge.state_dict())
+    for name in results[0]:
+        torch.testing.assert_close(results[0][name], results[1][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_augment_cache_is_used_when_it_fits_and_off_when_not(calm):
+    assert Trainer(calm, reverse_task(16, 0), None, config(steps=2)).train().augment_cache
+    assert not Trainer(calm, reverse_task(16, 0), None, config(steps=2, cache_budget_mb=1e-6)).train().augment_cache
+
+
+def test_divergence_restores_the_last_good_bridge(calm, monkeypatch):
+    import calm_core.training as training
+
+    trainer = Trainer(calm, reverse_task(32, 0), None, config(steps=30))
+    real = training.token_losses
+    monkeypatch.setattr(training, "token_losses",
+                        lambda logits, labels: real(logits, labels) * (float("nan") if trainer.step >= 12 else 1.0))
+    result = trainer.train()
+    assert result.stop_reason == "diverged" and "lower learning rate" in result.message
+    assert all(torch.isfinite(p).all() for p in calm.bridge.parameters())
+
+
+def test_long_examples_are_truncated_and_counted(calm):
+    long = [Example("", "abc " * 300)] + reverse_task(8, 0)
+    trainer = Trainer(calm, long, None, config(steps=1, max_length=64))
+    assert trainer.truncated == 1
+    assert max(len(r.anchor_ids) for r in trainer.train_rows) == 64
+
+
+def test_loss_is_taken_on_the_completion_only(calm):
+    trainer = Trainer(calm, [Example("abc=", "cba")], None, config(steps=1))
+    row = trainer.train_rows[0]
+    tokens = [calm.anchor.tokenizer.convert_ids_to_tokens(i) for i, t in zip(row.anchor_ids, row.targets) if t]
+    assert tokens == ["c", "b", "a", calm.anchor.tokenizer.eos_token]

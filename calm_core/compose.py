@@ -1,6 +1,7 @@
 """ComposedLM: an anchor LM, one or more augmenting LMs, all frozen, and the bridge between them."""
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
@@ -81,9 +82,9 @@ class ComposedLM:
             )
             for m in self.augments
         ]).to(device_of(self.anchor.model))
-        self._gate_scale = 1.0
-        self._layers_off: frozenset[int] = frozenset()
-        self._recorder: AttentionRecord | None = None
+        # gate_scale / layers_off / record_attention apply to the calling thread only, so a
+        # training thread and a chat in another thread never see each other's settings.
+        self._local = threading.local()
 
     @classmethod
     def from_names(cls, anchor: str, augments: list[str], config: CALMConfig | None = None, dtype=None,
@@ -91,6 +92,10 @@ class ComposedLM:
         """Load the anchor and augmenting models by hub id or local folder, then compose them."""
         load = lambda name: load_causal_lm(name, dtype=dtype, trust_remote_code=trust_remote_code, device=device)
         return cls(load(anchor), [load(name) for name in augments], config)
+
+    _gate_scale = property(lambda self: getattr(self._local, "gate_scale", 1.0))
+    _layers_off = property(lambda self: getattr(self._local, "layers_off", frozenset()))
+    _recorder = property(lambda self: getattr(self._local, "recorder", None))
 
     # ---- reading text -------------------------------------------------------------------------
 
@@ -164,11 +169,12 @@ class ComposedLM:
                     handle.remove()
         return [captured[i] for i in wanted]
 
-    def anchor_logits(self, input_ids, attention_mask, condition, cache=None) -> torch.Tensor:
+    def anchor_logits(self, input_ids, attention_mask, condition, cache=None, scales=None) -> torch.Tensor:
         """Run the anchor with the bridge added at its composition layers.
 
-        condition: (augment index, memory per block, visibility (B, T, T_aug)) per active model."""
-        scales, blocks_by_layer = self.block_scales(), {}
+        condition: (augment index, memory per block, visibility (B, T, T_aug)) per active model.
+        scales: per composition layer factors (default: this thread's gate_scale / layers_off)."""
+        scales, blocks_by_layer = scales or self.block_scales(), {}
         recorded = None
         if self._recorder is not None:
             recorded = self._recorder.maps = [None] * len(scales)
@@ -212,14 +218,16 @@ class ComposedLM:
         """Generated text piece by piece (never splitting a character); joined equals generate()."""
         from .generation import stream
 
-        return stream(self, prompt, max_new_tokens=max_new_tokens, **sampling)
+        # gate_scale / layers_off are read now, in the calling thread, and hold for the whole stream.
+        return stream(self, prompt, max_new_tokens=max_new_tokens, scales=self.block_scales(), **sampling)
 
     def generate(self, prompt, max_new_tokens: int = 32, return_dict: bool = False, **sampling):
         """The new text only (a GenerationResult with token ids and per-step logits if return_dict).
         prompt: a string, or chat messages [{"role": ..., "content": ...}, ...]."""
         from .generation import generate
 
-        return generate(self, prompt, max_new_tokens=max_new_tokens, return_dict=return_dict, **sampling)
+        return generate(self, prompt, max_new_tokens=max_new_tokens, return_dict=return_dict,
+                        scales=self.block_scales(), **sampling)
 
     # ---- inspection ---------------------------------------------------------------------------
 
@@ -242,11 +250,11 @@ class ComposedLM:
     @contextmanager
     def gate_scale(self, alpha: float):
         """Scale every bridge contribution by alpha: 0 is the anchor alone, exactly; >1 exaggerates."""
-        previous, self._gate_scale = self._gate_scale, float(alpha)
+        previous, self._local.gate_scale = self._gate_scale, float(alpha)
         try:
             yield self
         finally:
-            self._gate_scale = previous
+            self._local.gate_scale = previous
 
     @contextmanager
     def layers_off(self, indices):
@@ -256,21 +264,21 @@ class ComposedLM:
         bad = sorted(i for i in indices if not 0 <= i < n)
         if bad:
             raise CALMError(f"Composition layers {bad} do not exist; this bridge has {n} (0..{n - 1}).")
-        previous, self._layers_off = self._layers_off, self._layers_off | indices
+        previous, self._local.layers_off = self._layers_off, self._layers_off | indices
         try:
             yield self
         finally:
-            self._layers_off = previous
+            self._local.layers_off = previous
 
     @contextmanager
     def record_attention(self):
         """Record cross-attention weights per composition layer and head (see AttentionRecord)."""
         record = AttentionRecord([None] * len(self.bridge.blocks()), [], [], [], self.layer_pairs())
-        previous, self._recorder = self._recorder, record
+        previous, self._local.recorder = self._recorder, record
         try:
             yield record
         finally:
-            self._recorder = previous
+            self._local.recorder = previous
 
     # ---- parameters and persistence -----------------------------------------------------------
 

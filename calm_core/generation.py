@@ -112,7 +112,7 @@ class _AugmentTrack:
 class ComposedDecoder:
     """The state of one composed generation (batch of one)."""
 
-    def __init__(self, calm, prompt_text: str, add_special_tokens: bool, use_cache: bool):
+    def __init__(self, calm, prompt_text: str, add_special_tokens: bool, use_cache: bool, scales: list[float] | None = None):
         self.calm, self.prompt, self.use_cache = calm, prompt_text, use_cache
         tokenizer = calm.anchor.tokenizer
         ids, offsets, special = alignment.tokenize(tokenizer, [prompt_text], add_special_tokens)
@@ -120,7 +120,7 @@ class ComposedDecoder:
             raise CALMError("The prompt gives no tokens; write a prompt (or use a tokenizer that adds BOS).")
         self.ids, self.keys = list(ids[0]), alignment.anchor_keys(offsets[0], special[0])
         self.text = IncrementalText(tokenizer, self.ids)
-        self.scales = calm.block_scales()  # fixed for the whole generation
+        self.scales = scales if scales is not None else calm.block_scales()  # fixed for the whole generation
         self.active = [k for k in range(len(calm.augments)) if any(self.scales[i] for i in calm._block_range(k))]
         self.tracks = {k: _AugmentTrack() for k in self.active}
         self.cache, self.done = None, 0
@@ -180,7 +180,8 @@ class ComposedDecoder:
             )
             condition.append((k, track.memory, visible.to(device)))
         with torch.no_grad():
-            logits = calm.anchor_logits(torch.tensor([self.ids[start:]], device=device), None, condition, cache=self.cache)
+            logits = calm.anchor_logits(torch.tensor([self.ids[start:]], device=device), None, condition,
+                                        cache=self.cache, scales=self.scales)
         self.done = len(self.ids)
         return logits[0, -1]
 
@@ -228,10 +229,10 @@ def _max_positions(model) -> int | None:
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
 
-def stream_tokens(calm, prompt, max_new_tokens: int, sampling: Sampling, scores: list | None = None):
+def stream_tokens(calm, prompt, max_new_tokens: int, sampling: Sampling, scores: list | None = None, scales=None):
     """(token id, text piece) per generated token, then (None, rest of the text)."""
     text, add_special = render_prompt(calm.anchor.tokenizer, prompt)
-    decoder = ComposedDecoder(calm, text, add_special, sampling.use_cache)
+    decoder = ComposedDecoder(calm, text, add_special, sampling.use_cache, scales)
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
     stop, limit = eos_ids(calm), _max_positions(calm.anchor.model)
     for _ in range(max_new_tokens):
@@ -247,16 +248,20 @@ def stream_tokens(calm, prompt, max_new_tokens: int, sampling: Sampling, scores:
     yield None, decoder.text.flush()
 
 
-def stream(calm, prompt, max_new_tokens: int = 32, **kwargs):
-    sampling = Sampling(**kwargs)
-    for _, piece in stream_tokens(calm, prompt, max_new_tokens, sampling):
+def stream(calm, prompt, max_new_tokens: int = 32, scales=None, **kwargs):
+    sampling = Sampling(**kwargs)  # validated now, not at the first next()
+    return _pieces(stream_tokens(calm, prompt, max_new_tokens, sampling, scales=scales))
+
+
+def _pieces(tokens):
+    for _, piece in tokens:
         if piece:
             yield piece
 
 
-def generate(calm, prompt, max_new_tokens: int = 32, return_dict: bool = False, **kwargs):
+def generate(calm, prompt, max_new_tokens: int = 32, return_dict: bool = False, scales=None, **kwargs):
     sampling, scores, ids, pieces = Sampling(**kwargs), [], [], []
-    for token, piece in stream_tokens(calm, prompt, max_new_tokens, sampling, scores if return_dict else None):
+    for token, piece in stream_tokens(calm, prompt, max_new_tokens, sampling, scores if return_dict else None, scales):
         if token is not None:
             ids.append(token)
         pieces.append(piece)

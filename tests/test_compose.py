@@ -237,3 +237,19 @@ def test_a_slow_tokenizer_is_refused_only_when_alignment_needs_offsets(tokenizer
     augment = make_pair("llama", tokenizers["char_bos"], seed=2)
     with pytest.raises(CALMError, match="not a fast tokenizer"):
         ComposedLM(anchor, [(augment[0], Slow())], CALMConfig(every=1))
+
+
+@torch.no_grad()
+def test_inspection_settings_belong_to_the_calling_thread_and_streams_keep_theirs(composed):
+    import threading
+
+    randomize_bridge(composed)
+    full, other = composed.logits(["hello"]), {}
+    with composed.gate_scale(0):
+        thread = threading.Thread(target=lambda: other.setdefault("logits", composed.logits(["hello"])))
+        thread.start()
+        thread.join()
+        pieces = composed.stream("hello", max_new_tokens=6)  # consumed after the context closes
+        anchor_text = composed.generate("hello", max_new_tokens=6)
+    torch.testing.assert_close(other["logits"], full)
+    assert "".join(pieces) == anchor_text != composed.generate("hello", max_new_tokens=6)

@@ -1,0 +1,188 @@
+"""Training the base models from scratch (not bridge training): plain PyTorch + transformers.
+
+Every training example is a list of (text, is_target) segments; the character tokenizer gives
+one token per character, so the loss mask follows the segments exactly, and an end-of-sequence
+token closes every example as a target. AdamW with linear warmup and cosine decay.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from typing import Callable
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from calm_core.tiny import char_tokenizer, tiny_config
+
+from .data import ALPHABET
+
+Segments = list[tuple[str, bool]]
+
+
+def make_tokenizer():
+    return char_tokenizer(ALPHABET, add_bos=True)
+
+
+def build_model(tokenizer, layers: int = 4, width: int = 128, heads: int = 4, seed: int = 0, max_positions: int = 96):
+    torch.manual_seed(seed)
+    config = tiny_config("llama", len(tokenizer), layers=layers, width=width, heads=heads, max_positions=max_positions)
+    config.intermediate_size = 4 * width
+    return AutoModelForCausalLM.from_config(config)
+
+
+def encode_segments(tokenizer, examples: list[Segments]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, labels) right-padded; labels -100 off target."""
+    vocab = tokenizer.get_vocab()
+    bos, eos, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+    rows, targets = [], []
+    for segs in examples:
+        ids, tgt = [bos], [False]
+        for text, is_target in segs:
+            ids.extend(vocab[c] for c in text)
+            tgt.extend([is_target] * len(text))
+        ids.append(eos)
+        tgt.append(True)
+        rows.append(ids)
+        targets.append(tgt)
+    T = max(map(len, rows))
+    input_ids = torch.full((len(rows), T), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), T), dtype=torch.long)
+    labels = torch.full((len(rows), T), -100, dtype=torch.long)
+    for i, (ids, tgt) in enumerate(zip(rows, targets)):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        mask[i, : len(ids)] = 1
+        # unshifted: transformers' causal-LM loss shifts labels itself (logit t predicts token t+1)
+        labels[i, : len(ids)] = torch.tensor([x if t else -100 for x, t in zip(ids, tgt)])
+    return input_ids, mask, labels
+
+
+def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    return lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+
+def train_lm(model, tokenizer, sampler: Callable[[random.Random], Segments], steps: int, batch_size: int = 128,
+             lr: float = 2e-3, warmup: int = 100, weight_decay: float = 0.1, seed: int = 0,
+             time_limit: float | None = None, log_every: int = 200, evaluate: Callable[[], dict] | None = None,
+             eval_every: int = 0, log=print) -> list[dict]:
+    """Train all parameters of `model` on examples drawn from `sampler`. With time_limit (seconds)
+    the cosine schedule is stretched over the steps that fit: the step count is re-estimated
+    from the measured speed after 20 steps."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    model.train()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.98))
+    history, start, total, window = [], time.perf_counter(), steps, []
+    for step in range(10**9):
+        if step >= total:
+            break
+        if time_limit and step == 20:
+            per_step = (time.perf_counter() - start) / 20
+            total = max(21, min(steps, int(time_limit / per_step)))
+        ids, mask, labels = encode_segments(tokenizer, [sampler(rng) for _ in range(batch_size)])
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, total, lr, warmup)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        window.append(float(loss.detach()))
+        if (step + 1) % log_every == 0 or step + 1 == total:
+            rec = {"step": step + 1, "loss": sum(window) / len(window), "time": time.perf_counter() - start}
+            if evaluate is not None and eval_every and ((step + 1) % eval_every == 0 or step + 1 == total):
+                model.eval()
+                rec.update(evaluate())
+                model.train()
+            history.append(rec)
+            log(f"  step {rec['step']}/{total} " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                           for k, v in rec.items() if k != "step"))
+            window = []
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return history
+
+
+# ---- greedy decoding and exact match for a bare model ---------------------------------------------
+
+@torch.no_grad()
+def greedy(model, tokenizer, prompts: list[str], max_new_tokens: int = 12, batch_size: int = 256,
+           forward: Callable | None = None) -> list[str]:
+    """Greedy continuations, batched by prompt length (one token per character: no padding needed).
+    forward(ids) -> logits replaces model(ids).logits (e.g. a composed model)."""
+    vocab = tokenizer.get_vocab()
+    inv = {i: c for c, i in vocab.items()}
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    forward = forward or (lambda ids: model(input_ids=ids).logits)
+    out = [""] * len(prompts)
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(len(p), []).append(i)
+    for _, idx in sorted(groups.items()):
+        for s in range(0, len(idx), batch_size):
+            chunk = idx[s:s + batch_size]
+            ids = torch.tensor([[bos] + [vocab[c] for c in prompts[i]] for i in chunk])
+            done = torch.zeros(len(chunk), dtype=torch.bool)
+            gen = [[] for _ in chunk]
+            for _ in range(max_new_tokens):
+                nxt = forward(ids)[:, -1].argmax(-1)
+                for j, t in enumerate(nxt.tolist()):
+                    if not done[j]:
+                        if t == eos:
+                            done[j] = True
+                        else:
+                            gen[j].append(inv.get(t, ""))
+                if done.all():
+                    break
+                ids = torch.cat([ids, nxt[:, None]], 1)
+            for j, i in enumerate(chunk):
+                out[i] = "".join(gen[j]) if gen[j] and not gen[j][0].startswith("<") else "".join(
+                    c for c in gen[j] if len(c) == 1)
+    return out
+
+
+def exact_match_bare(model, tokenizer, rows: list[tuple[str, str]], max_new_tokens: int = 12, forward=None) -> float:
+    if not rows:
+        return float("nan")
+    preds = greedy(model, tokenizer, [p for p, _ in rows], max_new_tokens, forward=forward)
+    return sum(p.strip() == c.strip() for p, (_, c) in zip(preds, rows)) / len(rows)
+
+
+# ---- a linear probe ---------------------------------------------------------------------------
+
+@torch.no_grad()
+def hidden_at(model, tokenizer, texts: list[str], positions: list[int], layer: int) -> torch.Tensor:
+    """Hidden states after decoder layer `layer` (0-based) at a character position of each text
+    (position counts characters of the text; BOS shifts it by one)."""
+    vocab = tokenizer.get_vocab()
+    feats = []
+    for t, pos in zip(texts, positions):
+        ids = torch.tensor([[tokenizer.bos_token_id] + [vocab[c] for c in t]])
+        hs = model(input_ids=ids, output_hidden_states=True).hidden_states
+        feats.append(hs[layer + 1][0, pos + 1])
+    return torch.stack(feats)
+
+
+def probe_digits(train_x, train_values, test_x, test_values, ridge: float = 1e-2) -> dict:
+    """Ridge-regression one-hot probes for the hundreds, tens and units digits; accuracy on test."""
+    out = {}
+    mu, sd = train_x.mean(0), train_x.std(0) + 1e-6
+    a, b = (train_x - mu) / sd, (test_x - mu) / sd
+    a = torch.cat([a, torch.ones(len(a), 1)], 1)
+    b = torch.cat([b, torch.ones(len(b), 1)], 1)
+    for name, div in (("hundreds", 100), ("tens", 10), ("units", 1)):
+        ya = torch.tensor([(v // div) % 10 for v in train_values])
+        yb = torch.tensor([(v // div) % 10 for v in test_values])
+        Y = torch.nn.functional.one_hot(ya, 10).float()
+        W = torch.linalg.solve(a.T @ a + ridge * len(a) * torch.eye(a.shape[1]), a.T @ Y)
+        out[name] = float(((b @ W).argmax(1) == yb).float().mean())
+    return out

@@ -1,0 +1,296 @@
+"""The whole key-value arithmetic demo: data -> base models -> composition -> controls -> table -> preset.
+
+    python -m demos.kv_arithmetic                  # full pipeline, writes presets/kv_arithmetic/
+    python -m demos.kv_arithmetic --smoke --out /tmp/kv_smoke
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import data as D
+from .base import build_model, exact_match_bare, make_tokenizer, train_lm
+from .recipes import anchor_sampler, augment_sampler
+
+
+@dataclass
+class Settings:
+    keys: int = 200
+    operands: int = 2
+    seed: int = 0
+    train_share: float = 0.2
+    # base models (from scratch)
+    augment_layers: int = 4
+    anchor_layers: int = 4
+    width: int = 128
+    augment_steps: int = 724
+    anchor_steps: int = 1800
+    base_batch: int = 64
+    base_lr: float = 3e-3
+    anchor_in_context: float = 0.5  # share of the anchor's arithmetic with variables defined in context
+    # composition (the bridge)
+    compose_anchor_layers: list[int] = field(default_factory=lambda: [1, 3])
+    compose_augment_layers: list[int] = field(default_factory=lambda: [1, 3])
+    gate: str = "channel"
+    compose_steps: int = 600
+    compose_batch: int = 32
+    compose_lr: float = 1e-3
+    compose_examples: int = 3000  # KV-MATH expressions over the training keys
+    num_math_share: float = 0.2  # NUM-MATH mixed into the composition data (keeps m_B's arithmetic)
+    # control: the anchor fine-tuned directly on the composition data
+    finetune_steps: int = 600
+    finetune_lr: float = 1e-3
+    # evaluation
+    eval_examples: int = 300
+    threads: int = 1
+    reuse_base: bool = False
+
+    @classmethod
+    def smoke(cls) -> "Settings":
+        return cls(keys=30, augment_layers=2, anchor_layers=2, width=32, augment_steps=20, anchor_steps=20,
+                   base_batch=16, compose_anchor_layers=[1], compose_augment_layers=[1], compose_steps=10,
+                   compose_batch=8, compose_examples=60, finetune_steps=10, eval_examples=12)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---- 1. data ---------------------------------------------------------------------------------
+
+def make_data(s: Settings, out: Path) -> dict:
+    """D_KV, the composition files (train keys only) and the evaluation files; returns the splits."""
+    kv = D.make_kv(s.keys, seed=s.seed, train_share=s.train_share)
+    rng = random.Random(s.seed + 7)
+    train_exprs = D.expressions(kv.values, kv.train_keys, s.compose_examples + s.compose_examples // 10 + s.eval_examples,
+                                s.operands, seed=s.seed + 1)
+    n_val = max(1, s.compose_examples // 10)
+    comp, val, train_eval = (train_exprs[:s.compose_examples], train_exprs[s.compose_examples:s.compose_examples + n_val],
+                             train_exprs[s.compose_examples + n_val:])
+    fmt = lambda exprs, name: [D.formats(kv.values, k, o)[name] for k, o in exprs]
+    n_num = round(len(comp) * s.num_math_share / (1 - s.num_math_share))
+    composition = fmt(comp, "kv_math") + [D.num_math_random(rng, s.keys, s.operands) for _ in range(n_num)]
+    rng.shuffle(composition)
+    held = D.expressions(kv.values, kv.heldout_keys, s.eval_examples, s.operands, seed=s.seed + 2)
+    files = {
+        "composition_train": composition,
+        "composition_validation": fmt(val, "kv_math"),
+        "eval_kv_subs": fmt(held, "kv_subs"),
+        "eval_num_math": fmt(held, "num_math"),
+        "eval_kv_math_heldout": fmt(held, "kv_math"),
+        "eval_kv_math_trainkeys": fmt(train_eval, "kv_math"),
+        "kv_lookups": D.kv_lookups(kv.values, list(kv.values)),
+    }
+    paths = {name: str(D.write_jsonl(out / "data" / f"{name}.jsonl", rows)) for name, rows in files.items()}
+    (out / "data" / "kv.json").write_text(json.dumps(kv.to_dict()))
+    return {"kv": kv, "files": files, "paths": paths}
+
+
+# ---- 2. base models --------------------------------------------------------------------------
+
+def save_model(model, tokenizer, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+
+
+def load_model(directory: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(directory).eval(), AutoTokenizer.from_pretrained(directory)
+
+
+def train_base(s: Settings, kv: D.KVSpace, files: dict, out: Path) -> dict:
+    """Train m_A and m_B from scratch (or reuse the ones in out/ with s.reuse_base)."""
+    tok = make_tokenizer()
+    times_path = out / "base_times.json"
+    times = json.loads(times_path.read_text()) if times_path.exists() else {}
+    subs, num = files["eval_kv_subs"][:100], files["eval_num_math"][:100]
+    models = {}
+    specs = {
+        "augment": ("m_A (augmenting: knows D_KV, no arithmetic)", s.augment_layers, s.augment_steps, s.seed,
+                    augment_sampler(kv.values, s.operands), lambda m: {"kv_subs": exact_match_bare(m, tok, subs)}),
+        "anchor": ("m_B (anchor: arithmetic, never a key of D_KV)", s.anchor_layers, s.anchor_steps, s.seed + 1,
+                   anchor_sampler(s.keys, s.operands, set(kv.values), s.anchor_in_context),
+                   lambda m: {"num_math": exact_match_bare(m, tok, num)}),
+    }
+    for name, (title, layers, steps, seed, sampler, check) in specs.items():
+        if s.reuse_base and (out / name / "config.json").exists():
+            log(f"reusing {title} from {out / name}")
+            models[name] = load_model(out / name)[0]
+            continue
+        log(f"training {title}: {layers}x{s.width}, {steps} steps of {s.base_batch}")
+        t = time.perf_counter()
+        model = build_model(tok, layers, s.width, seed=seed)
+        train_lm(model, tok, sampler, steps, s.base_batch, s.base_lr, warmup=50, seed=seed,
+                 log_every=max(1, steps // 8), eval_every=max(1, steps // 4), evaluate=lambda: check(model), log=log)
+        times[f"{name}_s"] = time.perf_counter() - t
+        save_model(model, tok, out / name)
+        times_path.write_text(json.dumps(times))
+        models[name] = model
+    return {"augment": models["augment"], "anchor": models["anchor"], "tokenizer": tok, "times": times}
+
+
+# ---- 3. composition (the bridge; calm_core's Trainer) ----------------------------------------
+
+def compose(s: Settings, anchor, augment, tokenizer, files: dict, out_dir: Path | None, label: str = "CALM"):
+    """Train a bridge between the frozen anchor and augmenting models on the composition data."""
+    from calm_core import CALMConfig, ComposedLM
+    from calm_core.data import Example
+    from calm_core.training import TrainConfig, Trainer
+
+    calm = ComposedLM(anchor=(anchor, tokenizer), augments=[(augment, tokenizer)],
+                      config=CALMConfig(anchor_layers=list(s.compose_anchor_layers),
+                                        augment_layers=list(s.compose_augment_layers), gate=s.gate))
+    train = [Example(p, c) for p, c in files["composition_train"]]
+    val = [Example(p, c) for p, c in files["composition_validation"]]
+    config = TrainConfig(steps=s.compose_steps, lr=s.compose_lr, batch_size=s.compose_batch,
+                         warmup_steps=min(20, max(1, s.compose_steps // 10)), eval_every=max(1, s.compose_steps // 4),
+                         log_every=max(1, s.compose_steps // 12), seed=s.seed, progress=False)
+    log(f"{label}: training the bridge ({calm.num_parameters()[0]:,d} parameters), {s.compose_steps} steps")
+    t = time.perf_counter()
+    result = Trainer(calm, train, val, config,
+                     callback=lambda r: log(f"  {label} step {r['step']} loss={r['loss']:.4f} val={r['val_loss']} "
+                                            f"gates={[round(g, 3) for g in r['gates']]}")).train()
+    seconds = time.perf_counter() - t
+    if out_dir is not None:
+        calm.save_pretrained(out_dir)
+    return calm, {"seconds": seconds, "history": result.history, "stop_reason": result.stop_reason}
+
+
+# ---- 4. control: the anchor fine-tuned directly on the same composition data -----------------
+
+def finetune_anchor(s: Settings, anchor_dir: Path, files: dict):
+    """Full fine-tuning of a copy of m_B on the composition data (train keys only): it can learn
+    the training keys' values, never the held-out ones."""
+    model, tok = load_model(anchor_dir)
+    rows = files["composition_train"]
+
+    def sampler(rng):
+        prompt, completion = rng.choice(rows)
+        return [(prompt, False), (completion, True)]
+
+    log(f"control: fine-tuning m_B on the composition data, {s.finetune_steps} steps")
+    t = time.perf_counter()
+    train_lm(model, tok, sampler, s.finetune_steps, s.compose_batch, s.finetune_lr, warmup=20, seed=s.seed + 31,
+             log_every=max(1, s.finetune_steps // 6), log=log)
+    return model, time.perf_counter() - t
+
+
+# ---- 5. evaluation ---------------------------------------------------------------------------
+
+ROW_FILES = {"KV-SUBS": "eval_kv_subs", "NUM-MATH": "eval_num_math",
+             "KV-MATH (held-out keys)": "eval_kv_math_heldout", "KV-MATH (train keys)": "eval_kv_math_trainkeys"}
+
+
+def accuracy(target, tokenizer, rows, max_new_tokens: int) -> float:
+    """Exact match (%) with calm_core.evaluation (greedy generation, stripped string equality)."""
+    from calm_core.data import Example
+    from calm_core.evaluation import exact_match
+
+    return float(exact_match(target, tokenizer, [Example(p, c) for p, c in rows], max_new_tokens=max_new_tokens))
+
+
+def evaluate_all(columns: dict, files: dict, operands: int, n: int) -> dict:
+    """columns: name -> (model or ComposedLM, tokenizer or None). Returns row -> column -> %."""
+    max_new = 6 * operands + 4
+    table = {row: {} for row in ROW_FILES}
+    for col, (target, tok) in columns.items():
+        t = time.perf_counter()
+        for row, name in ROW_FILES.items():
+            table[row][col] = accuracy(target, tok, files[name][:n], max_new)
+        log(f"evaluated {col} in {time.perf_counter() - t:.0f}s: " + ", ".join(f"{r} {table[r][col]:.1f}" for r in ROW_FILES))
+    return table
+
+
+# ---- 6. the whole pipeline and the preset ----------------------------------------------------
+
+EXAMPLE_PROMPTS = 4
+
+
+def run(s: Settings, out: Path, controls: bool = True, until: str | None = None) -> dict:
+    torch.set_num_threads(s.threads)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    log(f"data: {s.keys} keys, {s.operands} operands, composition over {s.train_share:.0%} of the keys -> {out / 'data'}")
+    splits = make_data(s, out)
+    kv, files = splits["kv"], splits["files"]
+    base = train_base(s, kv, files, out)
+    A, B, tok = base["augment"], base["anchor"], base["tokenizer"]
+    if until == "base":
+        return {"base": base}
+    calm, comp = compose(s, B, A, tok, files, out / "bridge")
+    columns = {"m_A": (A, tok), "m_B": (B, tok), "CALM": (calm, None)}
+    times = {**base["times"], "compose_s": comp["seconds"]}
+    if controls:
+        tuned, times["finetune_s"] = finetune_anchor(s, out / "anchor", files)
+        random_a = build_model(tok, s.augment_layers, s.width, seed=s.seed + 99).eval()
+        calm_random, rand = compose(s, B, random_a, tok, files, None, label="CALM with random m_A")
+        times["compose_random_s"] = rand["seconds"]
+        columns["m_B fine-tuned (20% keys)"] = (tuned, tok)
+        columns["CALM with random m_A"] = (calm_random, None)
+    t = time.perf_counter()
+    table = {row: {col: round(v, 1) for col, v in cols.items()}
+             for row, cols in evaluate_all(columns, files, s.operands, s.eval_examples).items()}
+    times["evaluate_s"] = time.perf_counter() - t
+    times["total_s"] = time.perf_counter() - t0
+    from .report import PAPER_TABLE, markdown, save
+
+    print("\n" + markdown(table) + "\n", flush=True)
+    meta = {"settings": asdict(s), "times_s": {k: round(v, 1) for k, v in times.items()},
+            "eval_examples": s.eval_examples, "compose_history": comp["history"]}
+    save(table, out, meta)
+    held = files["eval_kv_math_heldout"]
+    preset = {
+        "name": "kv_arithmetic",
+        "title": "Key-value arithmetic (CALM paper, section 4.1)",
+        "description": (
+            f"m_A (augmenting, {s.augment_layers}x{s.width}) memorised {s.keys} string keys -> integer values and never saw "
+            f"arithmetic; m_B (anchor, {s.anchor_layers}x{s.width}) does +/- arithmetic and never saw a key. The bridge "
+            f"was trained on arithmetic over {s.train_share:.0%} of the keys only; try expressions over the other keys."),
+        "example_prompts": [p for p, _ in held[:EXAMPLE_PROMPTS]],
+        "table": table,
+        "paper_table": PAPER_TABLE,
+        "eval_files": {row: f"data/{name}.jsonl" for row, name in ROW_FILES.items()},
+        "train_file": "data/composition_train.jsonl",
+        "validation_file": "data/composition_validation.jsonl",
+        "anchor": "anchor", "augment": "augment", "bridge": "bridge",
+        "settings": asdict(s),
+        "times_s": meta["times_s"],
+    }
+    (out / "preset.json").write_text(json.dumps(preset, indent=2))
+    log(f"done in {times['total_s']:.0f}s -> {out}")
+    return {"table": table, "times": times, "preset": preset}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m demos.kv_arithmetic", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="presets/kv_arithmetic", help="output folder (the app's preset)")
+    p.add_argument("--smoke", action="store_true", help="a tiny run (< 1 minute) that exercises every stage")
+    p.add_argument("--until", choices=["base"], help="stop after training the base models")
+    p.add_argument("--no-controls", action="store_true", help="skip the fine-tuned anchor and random m_A controls")
+    defaults = Settings()
+    for f in Settings.__dataclass_fields__.values():
+        flag = "--" + f.name.replace("_", "-")
+        value = getattr(defaults, f.name)
+        if isinstance(value, bool):
+            p.add_argument(flag, action="store_true", default=None)
+        elif isinstance(value, list):
+            p.add_argument(flag, type=int, nargs="+", default=None)
+        else:
+            p.add_argument(flag, type=type(value), default=None)
+    args = p.parse_args(argv)
+    s = Settings.smoke() if args.smoke else Settings()
+    for name in Settings.__dataclass_fields__:
+        if getattr(args, name, None) is not None:
+            setattr(s, name, getattr(args, name))
+    run(s, Path(args.out), controls=not args.no_controls, until=args.until)

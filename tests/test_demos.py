@@ -1,0 +1,93 @@
+"""The demos' data generators and a smoke run of each pipeline at a tiny scale."""
+import json
+import re
+
+import pytest
+
+from demos.kv_arithmetic import data as D
+
+KEY = r"[a-z]{2,6}"
+
+
+def test_kv_values_unique_and_in_range():
+    kv = D.make_kv(200, seed=3)
+    values = list(kv.values.values())
+    assert len(kv.values) == 200 and sorted(values) == list(range(1, 201))
+    assert all(re.fullmatch(KEY, k) for k in kv.values)
+    assert len(kv.train_keys) == 40 and not set(kv.train_keys) & set(kv.heldout_keys)
+    assert set(kv.train_keys) | set(kv.heldout_keys) == set(kv.values)
+    assert D.make_kv(200, seed=3).values == kv.values  # seeded
+
+
+def test_formats_match_the_paper():
+    values = {"ab": 10, "xyz": 22, "q": 24}
+    f = D.formats(values, ["ab", "xyz", "q"], ["+", "-"])
+    assert f["kv_subs"] == ("ab+xyz-q=", "10+22-24")
+    assert f["num_math"] == ("10+22-24=", "8")
+    assert f["kv_math"] == ("ab+xyz-q=", "8")
+
+
+@pytest.mark.parametrize("operands", [2, 3])
+def test_splits_keep_heldout_keys_out_of_composition_data(tmp_path, operands):
+    from demos.kv_arithmetic.pipeline import Settings, make_data
+
+    s = Settings(keys=60, operands=operands, compose_examples=200, eval_examples=50)
+    splits = make_data(s, tmp_path)
+    kv, files = splits["kv"], splits["files"]
+    held, train = set(kv.heldout_keys), set(kv.train_keys)
+    pattern = re.compile(rf"^{KEY}(?:[+-]{KEY}){{{operands - 1}}}=$")
+    n_num = 0
+    for name in ("composition_train", "composition_validation", "eval_kv_math_trainkeys"):
+        for prompt, completion in files[name]:
+            keys = re.findall(r"[a-z]+", prompt)
+            if not keys:  # the NUM-MATH share of the composition data
+                n_num += 1
+                assert re.fullmatch(r"\d+(?:[+-]\d+)*=", prompt)
+                continue
+            assert pattern.match(prompt), prompt
+            assert set(keys) <= train and not set(keys) & held
+            assert re.fullmatch(r"-?\d+", completion)
+    assert 0 < n_num < len(files["composition_train"])
+    for name in ("eval_kv_subs", "eval_kv_math_heldout"):
+        for prompt, _ in files[name]:
+            assert pattern.match(prompt) and set(re.findall(r"[a-z]+", prompt)) <= held
+    for (p1, c1), (p2, c2), (p3, c3) in zip(files["eval_kv_subs"], files["eval_num_math"], files["eval_kv_math_heldout"]):
+        assert p1 == p3 and p2 == c1 + "=" and c2 == c3
+        assert eval(c1) == int(c3)
+    # written as JSON Lines with prompt and completion columns
+    rows = [json.loads(line) for line in (tmp_path / "data" / "composition_train.jsonl").read_text().splitlines()]
+    assert rows and all(set(r) == {"prompt", "completion"} for r in rows)
+    from calm_core.data import load_examples
+
+    examples = load_examples(tmp_path / "data" / "eval_kv_math_heldout.jsonl")[0]
+    assert len(examples) == len(files["eval_kv_math_heldout"])
+
+
+def test_anchor_never_sees_a_key():
+    import random
+
+    from demos.kv_arithmetic.recipes import anchor_sampler
+
+    kv = D.make_kv(100, seed=0)
+    sample = anchor_sampler(100, 2, set(kv.values), in_context=1.0)
+    rng = random.Random(0)
+    for _ in range(500):
+        text = "".join(t for t, _ in sample(rng))
+        assert not set(re.findall(r"[a-z]+", text)) & set(kv.values)
+
+
+def test_kv_smoke_pipeline(tmp_path):
+    from demos.kv_arithmetic.pipeline import Settings, run
+
+    result = run(Settings.smoke(), tmp_path)
+    table = result["table"]
+    assert set(table) == {"KV-SUBS", "NUM-MATH", "KV-MATH (held-out keys)", "KV-MATH (train keys)"}
+    assert all(0 <= v <= 100 for row in table.values() for v in row.values())
+    for part in ("anchor/model.safetensors", "augment/model.safetensors", "bridge", "data/composition_train.jsonl",
+                 "preset.json", "table.json", "table.md", "table.html"):
+        assert (tmp_path / part).exists(), part
+    preset = json.loads((tmp_path / "preset.json").read_text())
+    assert {"name", "title", "description", "example_prompts", "table", "paper_table", "eval_files"} <= set(preset)
+    from demos.kv_arithmetic.report import table_figure
+
+    assert len(table_figure(table).data) >= 5

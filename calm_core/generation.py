@@ -203,13 +203,14 @@ def render_prompt(tokenizer, prompt) -> tuple[str, bool]:
     messages = list(prompt)
     if not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
         raise CALMError("A chat prompt is a list of {'role': ..., 'content': ...} messages.")
+    messages = [{"role": m["role"], "content": message_text(m["content"])} for m in messages]
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), False
-    lines = [f"{m['role']}: {_content_text(m['content'])}" for m in messages]
+    lines = [f"{m['role']}: {m['content']}" for m in messages]
     return "\n".join(lines) + "\nassistant:", True
 
 
-def _content_text(content) -> str:
+def message_text(content) -> str:
     """Gradio 6 sends content as a list of parts; keep the text ones."""
     if isinstance(content, str):
         return content

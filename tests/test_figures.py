@@ -1,0 +1,53 @@
+"""Figures render from plain data, without a browser."""
+import plotly.graph_objects as go
+import pytest
+import torch
+
+from calm_core import figures
+
+from .conftest import randomize_bridge
+
+HISTORY = [{"step": s, "loss": 3.0 / s, "val_loss": 3.2 / s if s % 2 == 0 else None, "gates": [0.01 * s, 0.02 * s]}
+           for s in range(1, 6)]
+
+
+def test_layer_diagram_draws_one_line_per_composition_layer(composed):
+    fig = figures.layer_diagram(4, [4], composed.layer_pairs())
+    lines = [t for t in fig.data if t.mode == "lines"]
+    assert len(lines) == 2 and list(lines[0].y) == [1, 1] and list(lines[1].y) == [3, 3]
+
+
+def test_gate_figures(composed):
+    randomize_bridge(composed)
+    gates, pairs = composed.gates(), composed.layer_pairs()
+    bars = figures.gate_bars(gates, pairs)
+    assert list(bars.data[0].y) == pytest.approx([float(g.abs().mean()) for g in gates])
+    heat = figures.gate_heatmap(gates, pairs)
+    assert len(heat.data[0].z) == 2 and len(heat.data[0].z[0]) == 32
+    history = figures.gate_history(HISTORY, pairs)
+    assert len(history.data) == 2 and list(history.data[1].y) == [h["gates"][1] for h in HISTORY]
+
+
+def test_loss_curves_skip_missing_validation_points():
+    fig = figures.loss_curves(HISTORY)
+    assert list(fig.data[0].x) == [1, 2, 3, 4, 5] and list(fig.data[1].x) == [2, 4]
+
+
+def test_attention_map_labels_both_axes(composed):
+    randomize_bridge(composed)
+    with torch.no_grad(), composed.record_attention() as record:
+        composed.logits(["hello world"])
+    fig = figures.attention_map(record, 1, head=2)
+    z = torch.tensor(fig.data[0].z)
+    assert z.shape == (len(record.anchor_tokens), len(record.augment_tokens))
+    assert fig.data[0].y[1] == "1:'h'" and len(fig.data[0].x) == len(record.augment_tokens)
+    torch.testing.assert_close(z, record.maps[1][0, 2])
+    mean = torch.tensor(figures.attention_map(record, 0).data[0].z)
+    torch.testing.assert_close(mean, record.maps[0][0].mean(0))
+
+
+def test_eval_bars():
+    rows = [{"model": "anchor: a", "exact_match": 0.0}, {"model": "augment 0: b", "exact_match": 2.0},
+            {"model": "CALM", "exact_match": 80.0}]
+    fig = figures.eval_bars(rows, "exact_match")
+    assert isinstance(fig, go.Figure) and list(fig.data[0].y) == [0.0, 2.0, 80.0]

@@ -1,5 +1,6 @@
 """The trainer: learning, stopping, checkpoints, exact resume, divergence, truncation."""
 import json
+import math
 import random
 
 import pytest
@@ -129,3 +130,9 @@ def test_loss_is_taken_on_the_completion_only(calm):
     row = trainer.train_rows[0]
     tokens = [calm.anchor.tokenizer.convert_ids_to_tokens(i) for i, t in zip(row.anchor_ids, row.targets) if t]
     assert tokens == ["c", "b", "a", calm.anchor.tokenizer.eos_token]
+
+
+def test_bf16_autocast_trains_the_float32_bridge(calm):
+    result = Trainer(calm, reverse_task(16, 0), reverse_task(4, 1), config(steps=3, bf16=True, log_every=1)).train()
+    assert result.stop_reason == "finished" and all(math.isfinite(h["loss"]) for h in result.history)
+    assert all(p.dtype == torch.float32 for p in calm.bridge.parameters())

@@ -68,27 +68,29 @@ def read_description(directory) -> dict:
     return description
 
 
-def check_fits(description: dict, calm) -> None:
-    """Raise IncompatibleBridgeError naming every way the models differ from the saved ones."""
+def check_fits(description: dict, anchor_info, augment_infos, pairs=None) -> None:
+    """Raise IncompatibleBridgeError naming every way the models differ from the saved ones.
+    pairs: the layer pairs of the bridge built for these models, when there is one."""
     problems = []
-    saved_members = [("anchor", description["anchor"])] + [
-        (f"augmenting model {k}", d) for k, d in enumerate(description["augments"])
-    ]
-    members = [calm.anchor] + calm.augments
-    if len(description["augments"]) != len(calm.augments):
-        problems.append(f"it was made for {len(description['augments'])} augmenting model(s), got {len(calm.augments)}")
-    for (role, saved), member in zip(saved_members, members):
+    saved = description["augments"]
+    if len(saved) != len(augment_infos):
+        problems.append(f"it was made for {len(saved)} augmenting model(s), got {len(augment_infos)}")
+    roles = [("anchor", description["anchor"], anchor_info)] + [
+        (f"augmenting model {k}", d, info) for k, (d, info) in enumerate(zip(saved, augment_infos))]
+    for role, record, info in roles:
         for field in ("width", "num_layers"):
-            if saved[field] != getattr(member.info, field):
-                problems.append(
-                    f"the {role} has {field} {getattr(member.info, field)} but the bridge was made for "
-                    f"{saved[field]} ({saved['name']})"
-                )
-    for k, (saved, bridge) in enumerate(zip(description["augments"], calm.bridge.augments)):
-        if [tuple(p) for p in saved["layer_pairs"]] != bridge.pairs and not problems:
-            problems.append(f"augmenting model {k}: layer pairs {bridge.pairs} differ from the saved {saved['layer_pairs']}")
+            if record[field] != getattr(info, field):
+                problems.append(f"the {role} has {field} {getattr(info, field)} but the bridge was made for "
+                                f"{record[field]} ({record['name']})")
+    for k, (record, built) in enumerate(zip(saved, pairs or [])):
+        if [tuple(p) for p in record["layer_pairs"]] != list(built) and not problems:
+            problems.append(f"augmenting model {k}: layer pairs {built} differ from the saved {record['layer_pairs']}")
     if problems:
         raise IncompatibleBridgeError("This bridge does not fit these models: " + "; ".join(problems) + ".")
+
+
+def check_calm_fits(description: dict, calm) -> None:
+    check_fits(description, calm.anchor.info, [m.info for m in calm.augments], [b.pairs for b in calm.bridge.augments])
 
 
 def load_bridge_weights(calm, directory) -> None:
@@ -117,24 +119,11 @@ def load_composed(cls, directory, anchor=None, augments=None, dtype=None, trust_
         calm = cls.from_names(description["anchor"]["name"], [d["name"] for d in description["augments"]],
                               config, dtype=dtype, trust_remote_code=trust_remote_code)
     else:
-        try:
-            calm = cls(anchor, augments or [], config)
-        except CALMError as exc:
-            # Building the bridge can fail first (a layer outside a shallower model): say what differs.
-            probe = _Probe(anchor, augments or [])
-            check_fits(description, probe)
-            raise exc
-    check_fits(description, calm)
-    load_bridge_weights(calm, directory)
-    return calm
-
-
-class _Probe:
-    """Just enough of a ComposedLM to compare model shapes when the bridge cannot be built."""
-
-    def __init__(self, anchor, augments):
         from .compose import Member
 
-        self.anchor = Member.wrap(anchor)
-        self.augments = [Member.wrap(p) for p in augments]
-        self.bridge = type("B", (), {"augments": []})()
+        members = [Member.wrap(pair) for pair in [anchor] + list(augments or [])]
+        check_fits(description, members[0].info, [m.info for m in members[1:]])
+        calm = cls(anchor, augments or [], config)
+    check_calm_fits(description, calm)
+    load_bridge_weights(calm, directory)
+    return calm

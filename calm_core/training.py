@@ -309,10 +309,10 @@ class Trainer:
 
     def resume(self, directory) -> None:
         """Continue from a checkpoint written by save_checkpoint."""
-        from .persistence import check_fits, load_bridge_weights, read_description
+        from .persistence import check_calm_fits, load_bridge_weights, read_description
 
         directory = Path(directory)
-        check_fits(read_description(directory), self.calm)
+        check_calm_fits(read_description(directory), self.calm)
         state_path = directory / "trainer_state.json"
         if not state_path.is_file():
             raise CALMError(f"{directory} is a bridge but not a training checkpoint (no trainer_state.json).")

@@ -17,18 +17,34 @@ WEIGHTS_NAME = "bridge.safetensors"
 FORMAT_VERSION = 1
 
 
-def bridge_description(calm) -> dict:
-    """Everything a bridge needs to be rebuilt and checked against the models it is loaded onto."""
+def bridge_description(calm, directory: Path | None = None) -> dict:
+    """Everything a bridge needs to be rebuilt and checked against the models it is loaded onto.
+    Models from local folders are also recorded relative to the bridge, so a repository or run
+    folder that moves keeps working."""
+    def record(info):
+        entry = asdict(info)
+        if directory is not None and Path(info.name).is_dir():
+            entry["relative_path"] = os.path.relpath(Path(info.name).resolve(), Path(directory).resolve())
+        return entry
+
     return {
         "format": "calm-bridge",
         "format_version": FORMAT_VERSION,
         "config": calm.config.to_dict(),
-        "anchor": asdict(calm.anchor.info),
+        "anchor": record(calm.anchor.info),
         "augments": [
-            {**asdict(member.info), "layer_pairs": [list(p) for p in bridge.pairs]}
+            {**record(member.info), "layer_pairs": [list(p) for p in bridge.pairs]}
             for member, bridge in zip(calm.augments, calm.bridge.augments)
         ],
     }
+
+
+def model_location(entry: dict, directory) -> str:
+    """Where to load a recorded model from: beside the bridge if it was a local folder there."""
+    relative = entry.get("relative_path")
+    if relative and (Path(directory) / relative).is_dir():
+        return str((Path(directory) / relative).resolve())
+    return entry["name"]
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -48,7 +64,7 @@ def save_bridge(calm, directory, extra: dict | None = None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.detach().contiguous().cpu() for name, t in calm.bridge.state_dict().items()}
     _atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(tensors, p, metadata={"format": "pt"}))
-    description = {**bridge_description(calm), **(extra or {})}
+    description = {**bridge_description(calm, directory), **(extra or {})}
     _atomic_write(directory / CONFIG_NAME, lambda p: Path(p).write_text(json.dumps(description, indent=2)))
     return directory
 
@@ -116,7 +132,8 @@ def load_composed(cls, directory, anchor=None, augments=None, dtype=None, trust_
             config.anchor_layers = [b for b, _ in pairs]
             config.augment_layers = [a for _, a in pairs]
     if anchor is None:
-        calm = cls.from_names(description["anchor"]["name"], [d["name"] for d in description["augments"]],
+        calm = cls.from_names(model_location(description["anchor"], directory),
+                              [model_location(d, directory) for d in description["augments"]],
                               config, dtype=dtype, trust_remote_code=trust_remote_code)
     else:
         from .compose import Member

@@ -72,3 +72,17 @@ def test_unknown_model_gets_a_clear_error(tmp_path):
 
     with pytest.raises(ModelLoadError, match="Could not load model"):
         ComposedLM.from_names(str(tmp_path / "nothing-here"), [str(tmp_path / "nor-here")])
+
+
+def test_a_moved_folder_still_finds_its_models(tokenizers, tmp_path):
+    import shutil
+
+    anchor, augment = make_pair("gpt2", tokenizers["char_bos"], seed=1), make_pair("llama", tokenizers["bpe"], seed=2)
+    for name, (model, tok) in {"anchor": anchor, "augment": augment}.items():
+        model.save_pretrained(tmp_path / "a" / name)
+        tok.save_pretrained(tmp_path / "a" / name)
+    calm = ComposedLM.from_names(str(tmp_path / "a" / "anchor"), [str(tmp_path / "a" / "augment")], CALMConfig(every=1))
+    calm.save_pretrained(tmp_path / "a" / "bridge")
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    moved = ComposedLM.from_pretrained(tmp_path / "b" / "bridge")
+    assert moved.anchor.info.name == str((tmp_path / "b" / "anchor").resolve())

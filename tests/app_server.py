@@ -1,0 +1,69 @@
+"""The CALM Lab app (app.py) served in a subprocess over a tiny preset, for the API and browser tests.
+
+Import the fixture into a test module with `from .app_server import app_url  # noqa: F401`."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from .app_fixtures import write_tiny_preset
+
+ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 90
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=15)
+
+
+@pytest.fixture(scope="session")
+def app_url(tmp_path_factory):
+    """The URL of a running app whose default (and only) preset is a tiny random pair named 'tiny'."""
+    root = tmp_path_factory.mktemp("presets")
+    write_tiny_preset(root)
+    port = free_port()
+    env = dict(os.environ, CALM_PRESETS_DIR=str(root), CALM_DEFAULT_PRESET="tiny", GRADIO_SERVER_PORT=str(port),
+               GRADIO_SERVER_NAME="127.0.0.1", GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
+    log_path = tmp_path_factory.mktemp("app-log") / "app.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _answers(url):
+            if process.poll() is not None:
+                pytest.fail(f"app.py exited with code {process.returncode}:\n{log_path.read_text()[-4000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"app.py did not answer at {url} within {START_TIMEOUT_S} s:\n{log_path.read_text()[-4000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        _stop(process)

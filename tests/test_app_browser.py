@@ -1,0 +1,136 @@
+"""The app's main path in headless Chromium (Playwright), against app.py served over a tiny preset.
+
+Needs the `playwright` Python package and a system Chromium at /usr/bin/chromium (Debian:
+`apt-get install chromium`); the module is skipped without them. Screenshots of each stage go to
+test-artifacts/ at the repository root."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from .app_server import app_url  # noqa: F401
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+TIMEOUT_MS = 60_000  # the CPU is shared and busy
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+if not os.access(CHROMIUM, os.X_OK):
+    pytest.skip(f"no Chromium at {CHROMIUM}", allow_module_level=True)
+expect = sync_api.expect
+expect.set_options(timeout=TIMEOUT_MS)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as playwright:
+        try:
+            browser = playwright.chromium.launch(
+                executable_path=CHROMIUM, headless=True,
+                args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        except sync_api.Error as exc:
+            pytest.skip(f"Chromium does not start: {exc}")
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, app_url):  # noqa: F811
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(app_url)
+    yield page
+    context.close()
+    assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+def shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def block(page, label: str):
+    """The component block whose label reads exactly `label`."""
+    title = page.get_by_test_id("block-label").filter(has_text=re.compile(rf"^\s*{re.escape(label)}\s*$"))
+    return title.locator("xpath=..")
+
+
+def table(page, label: str):
+    """A Dataframe by its label (Dataframes draw their label inside the table container)."""
+    title = page.locator(".label").filter(has_text=re.compile(rf"^\s*{re.escape(label)}\s*$"))
+    return page.locator(".table-container").filter(has=title)
+
+
+def plot(page, label: str):
+    return block(page, label).locator(".js-plotly-plot")
+
+
+def test_main_path(page):
+    # 1 · Models: the page's load event composes the default preset
+    models = table(page, "Models")
+    for role in ("anchor", "augment 0", "bridge"):
+        expect(models.get_by_role("gridcell", name=role, exact=True)).to_be_visible()
+    expect(page.get_by_text(re.compile(r"trainable parameters"))).to_be_visible()
+    expect(plot(page, "Composition layers")).to_be_visible()
+    shot(page, "app-1-models")
+
+    # 2 · Data & train
+    page.get_by_role("tab", name="2 · Data & train").click()
+    expect(page.get_by_text(re.compile(r"40 training and 10 validation examples"))).to_be_visible()
+    page.get_by_label("steps").fill("20")
+    page.get_by_label("batch size").fill("4")
+    page.get_by_role("button", name="Train", exact=True).click()
+    expect(page.get_by_text(re.compile(r"Step \d+/20"))).to_be_visible()  # the status updates while it runs
+    expect(page.get_by_text(re.compile(r"Step 20/20 · loss \d"))).to_be_visible()
+    expect(page.get_by_text("Finished 20 steps.")).to_be_visible()
+    expect(plot(page, "Loss")).to_be_visible()
+    expect(plot(page, "Loss").locator(".scatterlayer .trace")).not_to_have_count(0)
+    expect(plot(page, "Gates")).to_be_visible()
+    shot(page, "app-2-train")
+
+    # 3 · Chat: an empty prompt is refused with a message; a prompt gets three answers
+    page.get_by_role("tab", name="3 · Chat").click()
+    send = page.get_by_role("button", name="Send", exact=True)
+    send.click()
+    toast = page.get_by_test_id("toast-body").filter(has_text="Type a prompt first.")
+    expect(toast).to_be_visible()
+    toast.get_by_test_id("toast-close").click()
+    expect(toast).to_have_count(0)
+    page.get_by_placeholder("e.g. a key-value expression").fill("abcd=")
+    send.click()
+    chats = page.get_by_role("log")
+    expect(chats).to_have_count(3)
+    for label in ("CALM (composed)", "anchor alone", "augmenting model alone"):
+        expect(page.get_by_test_id("block-label").filter(has_text=label)).to_be_visible()
+    for i in range(3):
+        expect(chats.nth(i).get_by_test_id("user")).to_have_text("abcd=")
+        expect(chats.nth(i).get_by_test_id("bot")).to_have_count(1)
+        expect(chats.nth(i).get_by_test_id("bot")).not_to_have_text("")
+    shot(page, "app-3-chat")
+
+    # 4 · Inside the bridge
+    page.get_by_role("tab", name="4 · Inside the bridge").click()
+    page.get_by_role("button", name="Show gates").click()
+    for label in ("Gate opening", "Over training", "Layer × channel"):
+        expect(plot(page, label)).to_be_visible()
+    page.get_by_label("Text to look at (both models read it)").fill("abcd=dcba")
+    page.get_by_role("button", name="Show cross-attention").click()
+    expect(plot(page, "Cross-attention")).to_be_visible()
+    shot(page, "app-4-bridge")
+
+    # 5 · Evaluate: the preset's held-out set, three examples
+    page.get_by_role("tab", name="5 · Evaluate").click()
+    page.get_by_label("examples (0 = all)").fill("3")
+    page.get_by_role("button", name="Evaluate", exact=True).click()
+    results = table(page, "Results")
+    expect(results.get_by_role("gridcell", name="CALM", exact=True)).to_be_visible()
+    expect(results.get_by_role("gridcell", name=re.compile(r"^anchor: "))).to_be_visible()
+    expect(results.get_by_role("gridcell", name=re.compile(r"^augment 0: "))).to_be_visible()
+    expect(results.get_by_role("columnheader", name="exact_match")).to_be_visible()
+    shot(page, "app-5-evaluate")

@@ -132,7 +132,7 @@ def _data_outputs(session: LabSession):
 def inspect_upload(session, file):
     if file is None:
         return gr.update(value=None), "No file.", gr.update(), gr.update(), gr.update()
-    rows = preview(file, n=8)
+    rows = preview(file, n=8, check_roles=False)  # the mapping is chosen below, then checked by use_data
     columns = list(rows[0]) if rows else []
     guess = lambda *names: next((c for c in columns if c in names), "(none)")
     return (gr.update(value=[[r.get(c) for c in columns] for r in rows], headers=columns),

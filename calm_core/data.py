@@ -261,7 +261,8 @@ def _roles(columns: list[str], name: str, config: DataConfig) -> tuple[dict[str,
     sep = next((c for c in ";\t|" if len(columns) == 1 and c in columns[0]), None)
     hint = f" The header looks separated by {sep!r}: save the file with commas." if sep else ""
     raise DataError(f"{name}: the file has columns {columns} but needs {need}. If yours are named differently, "
-                    f"map them: DataConfig(column_map={example}).{hint}")
+                    f"map them to roles: {example} (the column choices in the app, --column-map in the CLI, "
+                    f"DataConfig.column_map in Python).{hint}")
 
 
 def _check_rows(table: _Table, name: str, roles: dict[str, str], wanted: dict[str, str]) -> None:
@@ -338,7 +339,9 @@ def load_splits(train_path, validation_path=None, config: DataConfig | None = No
     return DataSplits(train, validation, shape, columns, f"{name} + {val_name}")
 
 
-def preview(path, n: int = 5, config: DataConfig | None = None) -> list[dict]:
-    """The first n rows with the file's own columns (absent JSON keys as None), after every check."""
-    table, _, _ = _load(path, config or DataConfig())
+def preview(path, n: int = 5, config: DataConfig | None = None, check_roles: bool = True) -> list[dict]:
+    """The first n rows with the file's own columns (absent JSON keys as None), after every check.
+    check_roles=False only reads the file: for choosing a column mapping before there is one."""
+    config = config or DataConfig()
+    table = _load(path, config)[0] if check_roles else _read(path, config)[0]
     return [{c: row.get(c) for c in table.columns} for row in table.rows[:n]]

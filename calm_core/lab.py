@@ -267,7 +267,10 @@ class LabSession:
                 else:
                     raise CALMError(f"{path.name} is not part of a bridge (expected .zip, .json or .safetensors).")
             pairs = [(m.model, m.tokenizer) for m in [calm.anchor] + calm.augments]
-            self.calm = ComposedLM.from_pretrained(folder, anchor=pairs[0], augments=pairs[1:])
+            try:
+                self.calm = ComposedLM.from_pretrained(folder, anchor=pairs[0], augments=pairs[1:])
+            except CALMError as exc:  # name the user's files, not the temporary folder
+                raise CALMError(str(exc).replace(str(folder), ", ".join(p.name for p in paths))) from exc
             self.run = RunState()
             return self.calm
         finally:

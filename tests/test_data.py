@@ -161,8 +161,8 @@ BAD = [
     ("latin.txt", b"ok\n\xff\n", None, ["line 2", "UTF-8"]),
     # columns
     ("cols.csv", "source,target\na,b\n", None,
-     ["['source', 'target']", "'text'", "'prompt'", "'completion'", "column_map={'source': 'prompt', 'target': 'completion'}"]),
-    ("half.jsonl", jsonl_of([{"prompt": "a", "answer": "b"}]), None, ["'completion'", "'prompt'", "column_map={'answer': 'completion'}"]),
+     ["['source', 'target']", "'text'", "'prompt'", "'completion'", "map them to roles: {'source': 'prompt', 'target': 'completion'}"]),
+    ("half.jsonl", jsonl_of([{"prompt": "a", "answer": "b"}]), None, ["'completion'", "'prompt'", "map them to roles: {'answer': 'completion'}"]),
     ("semicolon.csv", "prompt;completion\na;b\n", None, ["['prompt;completion']", "separated by ';'"]),
     ("lacks.csv", "src,target\na,b\n", MAP, ["column_map", "'source'", "['src', 'target']"]),
     ("role.csv", "source,target\na,b\n", DataConfig(column_map={"source": "question", "target": "completion"}),

@@ -114,7 +114,8 @@ def evaluate(calm, examples: list[Example], metrics=METRICS, max_new_tokens: int
         if generate:
             step = (lambda i, total, n=n: progress(n * len(examples) + i, len(contenders) * len(examples))) if progress else None
             predicted = predictions(model, examples, max_new_tokens, step)
-            scores, table.signatures = text_scores(predicted, references)
+            scores, signatures = text_scores(predicted, references)
+            table.signatures = {k: v for k, v in signatures.items() if k in metrics}
             row.update({m: v for m, v in scores.items() if m in metrics})
             table.predictions[name] = predicted
         if "loss" in metrics:

@@ -50,13 +50,13 @@ def bpe_tokenizer(corpus: list[str], vocab_size: int = 300, add_bos: bool = Fals
     return _wrap(tokenizer, add_bos)
 
 
-ARCHITECTURES = ("gpt2", "llama", "qwen2", "gpt_neox", "opt", "gemma", "phi", "mistral")
+ARCHITECTURES = ("gpt2", "llama", "qwen2", "gpt_neox", "opt", "gemma", "phi", "mistral", "gpt_neo")
 
 
 def tiny_config(arch: str, vocab_size: int, layers: int = 2, width: int = 32, heads: int = 4, max_positions: int = 512):
     """A transformers config for a small model of the given architecture family."""
-    from transformers import (GemmaConfig, GPT2Config, GPTNeoXConfig, LlamaConfig, MistralConfig, OPTConfig,
-                              PhiConfig, Qwen2Config)
+    from transformers import (GemmaConfig, GPT2Config, GPTNeoConfig, GPTNeoXConfig, LlamaConfig, MistralConfig,
+                              OPTConfig, PhiConfig, Qwen2Config)
 
     common = dict(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     llama_like = dict(num_hidden_layers=layers, hidden_size=width, num_attention_heads=heads,
@@ -69,6 +69,9 @@ def tiny_config(arch: str, vocab_size: int, layers: int = 2, width: int = 32, he
         "gemma": lambda: GemmaConfig(num_key_value_heads=1, head_dim=width // heads, **llama_like),
         "phi": lambda: PhiConfig(**llama_like),
         "gpt_neox": lambda: GPTNeoXConfig(**llama_like),
+        "gpt_neo": lambda: GPTNeoConfig(num_layers=layers, hidden_size=width, num_heads=heads,
+                                        attention_types=[[["global"], layers]],
+                                        max_position_embeddings=max_positions, **common),
         "opt": lambda: OPTConfig(num_hidden_layers=layers, hidden_size=width, num_attention_heads=heads,
                                  ffn_dim=2 * width, word_embed_proj_dim=width,
                                  max_position_embeddings=max_positions, **common),

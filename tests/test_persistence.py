@@ -86,3 +86,17 @@ def test_a_moved_folder_still_finds_its_models(tokenizers, tmp_path):
     shutil.move(tmp_path / "a", tmp_path / "b")
     moved = ComposedLM.from_pretrained(tmp_path / "b" / "bridge")
     assert moved.anchor.info.name == str((tmp_path / "b" / "anchor").resolve())
+
+
+def test_sixteen_bit_models_with_a_float32_bridge(tokenizers, tmp_path):
+    for name, (model, tok) in {"anchor": make_pair("qwen2", tokenizers["char_bos"], seed=1),
+                               "augment": make_pair("gpt2", tokenizers["bpe"], seed=2)}.items():
+        model.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    calm = randomize_bridge(ComposedLM.from_names(str(tmp_path / "anchor"), [str(tmp_path / "augment")],
+                                                  CALMConfig(every=1), dtype=torch.bfloat16))
+    assert calm.anchor.model.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in calm.bridge.parameters())
+    logits = calm.logits(["hello world"])
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
+    assert isinstance(calm.generate("hello", max_new_tokens=3), str)

@@ -211,7 +211,16 @@ def cmd_eval(args) -> int:
     examples, _, _ = load_examples(args.data, _data_config(args))
     if args.limit:
         examples = examples[: args.limit]
-    table = evaluate(calm, examples, [m.strip() for m in args.metrics.split(",") if m.strip()], args.max_new_tokens)
+    from tqdm.auto import tqdm
+
+    with tqdm(desc="evaluating", unit="answer") as bar:
+        def progress(done, total):
+            bar.total = total
+            bar.n = done
+            bar.refresh()
+
+        table = evaluate(calm, examples, [m.strip() for m in args.metrics.split(",") if m.strip()],
+                         args.max_new_tokens, progress)
     print(table.to_markdown())
     for name, signature in table.signatures.items():
         print(f"{name} signature: {signature}")

@@ -71,6 +71,9 @@ def _session(session) -> LabSession:
 # ---- Models --------------------------------------------------------------------------------
 
 def _model_outputs(session: LabSession):
+    if session.calm is None:  # no preset shipped: start empty, ready for the user's models
+        return (session, [], "No models yet: choose two below.", None, gr.update(choices=[], value=[]),
+                gr.update(choices=[0], value=0), gr.Dataset(samples=[["Hello"]]))
     calm = session.require()
     labels = layer_labels(calm)
     trainable, total = calm.num_parameters()

@@ -178,11 +178,7 @@ def train(session, steps, lr, batch_size, progress=gr.Progress()):
 
 
 def _train_view(run, labels):
-    last = run.history[-1] if run.history else {}
-    status = f"Step {run.step}/{run.total}" + (f" · loss {last['loss']:.4f}" if last else "") + \
-             (f" · validation loss {last['val_loss']:.4f}" if last.get("val_loss") is not None else "") + \
-             (f" · {last['tokens_per_s']:.0f} tokens/s" if last else "") + (f"\n\n{run.message}" if run.message else "")
-    return status, figures.loss_curves(run.history), figures.gate_history(run.history, labels)
+    return run.status(), figures.loss_curves(run.history), figures.gate_history(run.history, labels)
 
 
 @friendly
@@ -244,26 +240,9 @@ def show_attention(session, text, layer, head):
 def _eval_choices(session: LabSession):
     preset = session.preset
     choices = list(preset.eval_files) if preset else []
-    paper = _paper_markdown(preset) if preset else ""
+    paper = preset.comparison_markdown() if preset else ""
     data = list(preset.data_files) if preset else []
     return gr.update(choices=choices, value=choices[0] if choices else None), paper, gr.update(choices=data, value=None)
-
-
-def _paper_markdown(preset) -> str:
-    if not preset or not preset.paper_table:
-        return ""
-    table, paper = preset.table or {}, preset.paper_table
-    columns = list(next(iter(paper.values())).keys())
-    lines = ["| data set | " + " | ".join(f"{c} (ours / paper)" for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    for row, values in paper.items():
-        ours = table.get(row, {})
-        cells = [f"{_num(ours.get(c))} / {_num(values.get(c))}" for c in columns]
-        lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    return "### Reproduction of the paper's Table 1 (accuracy %)\n" + "\n".join(lines)
-
-
-def _num(value) -> str:
-    return "–" if value is None else f"{value:.1f}"
 
 
 @gpu

@@ -81,6 +81,16 @@ class RunState:
     message: str = ""
     history: list[dict] = field(default_factory=list)
 
+    def status(self) -> str:
+        last = self.history[-1] if self.history else {}
+        parts = [f"Step {self.step}/{self.total}"]
+        if last:
+            parts.append(f"loss {last['loss']:.4f}")
+            if last.get("val_loss") is not None:
+                parts.append(f"validation loss {last['val_loss']:.4f}")
+            parts.append(f"{last['tokens_per_s']:.0f} tokens/s")
+        return " · ".join(parts) + (f"\n\n{self.message}" if self.message else "")
+
 
 class LabSession:
     def __init__(self, cache: ModelCache = MODEL_CACHE):

@@ -42,6 +42,20 @@ class Preset:
     def validation_file(self) -> Path | None:
         return next((p for n, p in self.data_files.items() if "valid" in n), None)
 
+    def comparison_markdown(self) -> str:
+        """Our table beside the paper's, as markdown: {row: {column: value}} in preset.json."""
+        if not self.paper_table:
+            return ""
+        ours, paper = self.table or {}, self.paper_table
+        columns = list(next(iter(paper.values())).keys())
+        lines = ["| data set | " + " | ".join(f"{c} (ours / paper)" for c in columns) + " |",
+                 "|---" * (len(columns) + 1) + "|"]
+        for row, values in paper.items():
+            cells = [f"{_number(ours.get(row, {}).get(c))} / {_number(values.get(c))}" for c in columns]
+            lines.append(f"| {row} | " + " | ".join(cells) + " |")
+        return "### Reproduction of the paper's Table 1 (accuracy %)\n" + "\n".join(lines)
+
+
 
 def list_presets(root: Path | None = None) -> list[str]:
     root = Path(root or PRESETS_DIR)
@@ -67,3 +81,7 @@ def load_preset(name: str, root: Path | None = None) -> Preset:
         table=meta.get("table"), paper_table=meta.get("paper_table"),
         max_new_tokens=int(meta.get("max_new_tokens", 16)), prompt_mode=meta.get("prompt_mode", "completion"),
     )
+
+
+def _number(value) -> str:
+    return "–" if not isinstance(value, (int, float)) else f"{value:.1f}"

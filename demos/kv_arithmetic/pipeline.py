@@ -30,16 +30,17 @@ class Settings:
     augment_layers: int = 4
     anchor_layers: int = 4
     width: int = 128
-    augment_steps: int = 724
-    anchor_steps: int = 1800
+    augment_steps: int = 1100
+    anchor_steps: int = 5000
     base_batch: int = 64
     base_lr: float = 3e-3
-    anchor_in_context: float = 0.5  # share of the anchor's arithmetic with variables defined in context
+    augment_digits: float = 0.15  # share of m_A's single-digit lookups ("ab," -> units, "ab;" -> tens)
+    anchor_in_context: float = 0.0  # share of the anchor's arithmetic with variables defined in context
     # composition (the bridge)
     compose_anchor_layers: list[int] = field(default_factory=lambda: [1, 3])
     compose_augment_layers: list[int] = field(default_factory=lambda: [1, 3])
     gate: str = "channel"
-    compose_steps: int = 600
+    compose_steps: int = 1500
     compose_batch: int = 32
     compose_lr: float = 1e-3
     compose_examples: int = 3000  # KV-MATH expressions over the training keys
@@ -116,7 +117,7 @@ def train_base(s: Settings, kv: D.KVSpace, files: dict, out: Path) -> dict:
     models = {}
     specs = {
         "augment": ("m_A (augmenting: knows D_KV, no arithmetic)", s.augment_layers, s.augment_steps, s.seed,
-                    augment_sampler(kv.values, s.operands), lambda m: {"kv_subs": exact_match_bare(m, tok, subs)}),
+                    augment_sampler(kv.values, s.operands, digits=s.augment_digits), lambda m: {"kv_subs": exact_match_bare(m, tok, subs)}),
         "anchor": ("m_B (anchor: arithmetic, never a key of D_KV)", s.anchor_layers, s.anchor_steps, s.seed + 1,
                    anchor_sampler(s.keys, s.operands, set(kv.values), s.anchor_in_context),
                    lambda m: {"num_math": exact_match_bare(m, tok, num)}),

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import random
 import sys
+
+import torch
 from pathlib import Path
 
 from .base import hidden_at, probe_digits
@@ -40,6 +42,26 @@ def value_probe(model, tokenizer, kv: KVSpace, context: str = "{k}+", layers=Non
     return out
 
 
+@torch.no_grad()
+def logit_lens(model, tokenizer, kv: KVSpace, context: str = "{k}+", seed: int = 0) -> dict:
+    """Share of held-out keys whose first / units / tens digit is m_A's top digit at the key's last
+    letter (its own unembedding: a readout that is the same for every key)."""
+    rng = random.Random(seed)
+    vocab = tokenizer.get_vocab()
+    digit_ids = [vocab[str(d)] for d in range(10)]
+    hits = {"first": 0, "units": 0, "tens": 0}
+    for k in kv.heldout_keys:
+        text = context.format(k=k, other=rng.choice(list(kv.values)))
+        pos = text.index(k) + len(k) - 1
+        ids = torch.tensor([[tokenizer.bos_token_id] + [vocab[c] for c in text]])
+        top = int(model(input_ids=ids).logits[0, pos + 1, digit_ids].argmax())
+        v = kv.values[k]
+        hits["first"] += top == int(str(v)[0])
+        hits["units"] += top == v % 10
+        hits["tens"] += top == v // 10 % 10
+    return {name: n / len(kv.heldout_keys) for name, n in hits.items()}
+
+
 if __name__ == "__main__":
     import json
 
@@ -51,4 +73,5 @@ if __name__ == "__main__":
     data = Path(sys.argv[2] if len(sys.argv) > 2 else Path(sys.argv[1]).parent / "data")
     kv = KVSpace.from_dict(json.loads((data / "kv.json").read_text()))
     for ctx in ("{k}+", "{other}+{k}="):
-        print(ctx, json.dumps(value_probe(model, make_tokenizer(), kv, ctx)))
+        print(ctx, "probe", json.dumps(value_probe(model, make_tokenizer(), kv, ctx)))
+        print(ctx, "logit lens", json.dumps(logit_lens(model, make_tokenizer(), kv, ctx)))

@@ -16,10 +16,17 @@ import random
 from .data import evaluate, random_key, render
 
 
-def augment_sampler(values: dict[str, int], operands: int, inline: float = 0.35, lookup: float = 0.3):
+def augment_sampler(values: dict[str, int], operands: int, inline: float = 0.3, lookup: float = 0.15,
+                    digits: float = 0.0):
+    """digits: share of single-digit lookups "ab," -> units digit, "ab;" -> tens digit, so that every
+    digit of a value has to be retrievable from the key's own position."""
     keys = list(values)
 
     def sample(rng: random.Random):
+        if digits and rng.random() < digits:
+            k = rng.choice(keys)
+            v = values[k]
+            return [(k + ",", False), (str(v % 10), True)] if rng.random() < 0.5 else [(k + ";", False), (str(v // 10 % 10), True)]
         r = rng.random()
         if r < lookup:
             k = rng.choice(keys)

@@ -235,7 +235,6 @@ class Trainer:
         result = TrainResult(self.step, self.history, truncated=self.truncated, augment_cache=use_cache)
         good_state = _copy_state(calm.bridge)
         window_loss, window_tokens, window_start, val_loss = 0.0, 0, time.perf_counter(), None
-        self._stop.clear()
         try:
             while self.step < cfg.steps:
                 if self._stop.is_set():
@@ -265,6 +264,7 @@ class Trainer:
             result.stop_reason, result.message = "stopped", f"Interrupted at step {self.step}; the bridge keeps what it learned."
         finally:
             progress.close()
+            self._stop.clear()  # a stop asked for before train() began still counts; afterwards it is spent
         if cfg.out_dir:
             self.save_checkpoint(Path(cfg.out_dir) / "checkpoints" / f"step-{self.step:06d}")
         result.step = self.step

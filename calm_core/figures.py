@@ -2,6 +2,8 @@
 Pure functions of data (no Gradio), so they are tested without a browser."""
 from __future__ import annotations
 
+import html
+
 import plotly.graph_objects as go
 
 ANCHOR_COLOR, AUGMENT_COLOR, BRIDGE_COLOR = "#3b6fb6", "#d9822b", "#2a9d8f"
@@ -95,14 +97,19 @@ def attention_map(record, layer: int, head: int | None = None, row: int = 0) -> 
     n_anchor, n_augment = len(record.anchor_tokens), len(augment_tokens)
     matrix = matrix[:n_anchor, :n_augment]
     fig = go.Figure(go.Heatmap(
-        z=matrix.tolist(), x=[f"{j}:{t!r}" for j, t in enumerate(augment_tokens)],
-        y=[f"{i}:{t!r}" for i, t in enumerate(record.anchor_tokens)], colorscale="Viridis", zmin=0,
+        z=matrix.tolist(), x=[_token_label(j, t) for j, t in enumerate(augment_tokens)],
+        y=[_token_label(i, t) for i, t in enumerate(record.anchor_tokens)], colorscale="Viridis", zmin=0,
         hovertemplate="anchor %{y}<br>augment %{x}<br>weight %{z:.3f}<extra></extra>"))
     fig.update_yaxes(autorange="reversed", title="anchor token (query)")
     fig.update_xaxes(title="augmenting token (key)", tickangle=-45)
     what = "mean over heads" if head is None else f"head {head}"
     return _layout(fig, f"Cross-attention, composition layer {layer}, {what}",
                    height=max(320, 60 + 18 * n_anchor))
+
+
+def _token_label(index: int, token: str) -> str:
+    """Plotly reads labels as HTML: '<s>' would become strike-through, so escape it."""
+    return html.escape(f"{index}:{token!r}", quote=False)
 
 
 def eval_bars(rows: list[dict], metric: str) -> go.Figure:

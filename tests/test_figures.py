@@ -40,7 +40,8 @@ def test_attention_map_labels_both_axes(composed):
     fig = figures.attention_map(record, 1, head=2)
     z = torch.tensor(fig.data[0].z)
     assert z.shape == (len(record.anchor_tokens), len(record.augment_tokens))
-    assert fig.data[0].y[1] == "1:'h'" and len(fig.data[0].x) == len(record.augment_tokens)
+    assert fig.data[0].y[0] == "0:'&lt;s&gt;'" and fig.data[0].y[1] == "1:'h'"
+    assert len(fig.data[0].x) == len(record.augment_tokens)
     torch.testing.assert_close(z, record.maps[1][0, 2])
     mean = torch.tensor(figures.attention_map(record, 0).data[0].z)
     torch.testing.assert_close(mean, record.maps[0][0].mean(0))

@@ -175,7 +175,9 @@ class Trainer:
             for layer in range(len(self.calm.bridge.augments[k].pairs)):
                 pieces = [self._states[i // chunk * chunk][k][layer][i % chunk] for i in indices]
                 length = max(len(self.train_rows[i].augment_ids[k]) for i in indices)
-                layers.append(torch.stack([p[:length] for p in pieces]))
+                # A chunk is padded to its own longest row: cut or zero-pad each row to this batch's.
+                layers.append(torch.stack([torch.nn.functional.pad(p[:length], (0, 0, 0, length - min(len(p), length)))
+                                           for p in pieces]))
             result.append(layers)
         return result
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from calm_core import CALMConfig, ComposedLM
+from calm_core.batches import collate
 from calm_core.data import Example
 from calm_core.training import TrainConfig, Trainer
 
@@ -136,3 +137,18 @@ def test_bf16_autocast_trains_the_float32_bridge(calm):
     result = Trainer(calm, reverse_task(16, 0), reverse_task(4, 1), config(steps=3, bf16=True, log_every=1)).train()
     assert result.stop_reason == "finished" and all(math.isfinite(h["loss"]) for h in result.history)
     assert all(p.dtype == torch.float32 for p in calm.bridge.parameters())
+
+
+def test_cached_states_mix_chunks_of_different_lengths(calm):
+    """Rows from two 64-row cache chunks padded to different lengths land in one batch."""
+    short = [Example("", "ab")] * 64
+    long = [Example("abcdef=", "fedcba" * 3)] * 64
+    trainer = Trainer(calm, short + long, None, config(steps=3, batch_size=16))
+    result = trainer.train()
+    assert result.augment_cache and result.stop_reason == "finished"
+    cached = trainer._cached_states([0, 64])  # one row from each chunk
+    batch, _ = collate(calm, [trainer.train_rows[0], trainer.train_rows[64]])
+    augment = batch.augments[0]
+    uncached = calm.augment_states(0, augment.input_ids, augment.attention_mask)
+    for got, want in zip(cached[0], uncached):
+        torch.testing.assert_close(got[augment.attention_mask], want[augment.attention_mask], atol=1e-5, rtol=1e-5)

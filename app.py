@@ -13,7 +13,7 @@ from calm_core import CALMConfig, CALMError, figures
 from calm_core.data import preview
 from calm_core.evaluation import METRICS
 from calm_core.lab import LabSession, layer_labels, model_rows
-from calm_core.presets import list_presets, load_preset
+from calm_core.presets import list_presets
 from calm_core.training import TrainConfig
 
 try:  # on a Hugging Face ZeroGPU Space, long work runs on a GPU; elsewhere a no-op

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file, save_file
 
-from .batches import Row, collate, prepare, token_losses
+from .batches import collate, prepare, token_losses
 from .data import Example
 from .errors import CALMError
 from .persistence import save_bridge

@@ -1,5 +1,4 @@
 """The trainer: learning, stopping, checkpoints, exact resume, divergence, truncation."""
-import json
 import math
 import random
 

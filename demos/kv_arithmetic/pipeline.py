@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path

@@ -28,10 +28,6 @@ class Encoding:
     tokens: list[list[str]]  # readable token strings per row, padding excluded
     spans: list[list[tuple[int, int]]]  # character (start, end) per real token, as the tokenizer gives them
 
-    @property
-    def lengths(self) -> list[int]:
-        return self.attention_mask.sum(1).tolist()
-
 
 def pad_id(tokenizer) -> int:
     for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id):

@@ -213,8 +213,11 @@ def chat(session, message, h_calm, h_anchor, h_augment, max_new_tokens, do_sampl
     sampling = dict(do_sample=bool(do_sample), temperature=float(temperature), top_k=int(top_k) or None,
                     top_p=float(top_p) if float(top_p) < 1 else None, seed=int(seed) if do_sample else None)
     layers = [int(label.split(":")[0]) for label in layers_off or []]
+    texts = ("", "", "")
     for texts in session.replies(prompt, int(max_new_tokens), float(gate_scale), layers, **sampling):
         yield tuple(h + [{"role": "assistant", "content": t}] for h, t in zip(histories, texts))
+    # a model that ends at once (EOS first) would otherwise leave an empty bubble
+    yield tuple(h + [{"role": "assistant", "content": t or "*(ended at once: no text)*"}] for h, t in zip(histories, texts))
 
 
 # ---- Inside the bridge ---------------------------------------------------------------------

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from calm_core.batches import collate, prepare, token_losses
 from calm_core.data import Example
 from calm_core.training import TrainConfig, Trainer
 
@@ -20,8 +21,6 @@ from .bench_core import CORPUS, build
 
 def anchor_tokens_per_s(calm, rows, steps, batch):
     """The anchor alone: forward + backward to its inputs on the same batches."""
-    from calm_core.batches import collate, token_losses
-
     anchor = calm.anchor.model
     start = None
     for step in range(steps + 2):
@@ -58,7 +57,7 @@ def main():
         steady = sorted(h["tokens_per_s"] for h in result.history[8:]) or [tokens / elapsed]
         results["with cache" if cache else "without cache"] = {
             "tokens/s overall": tokens / elapsed, "tokens/s steady": steady[len(steady) // 2], "cache used": result.augment_cache}
-    rows, _ = __import__("calm_core.batches", fromlist=["prepare"]).prepare(calm, examples, max_length=128)
+    rows, _ = prepare(calm, examples, max_length=128)
     results["anchor alone fwd+bwd tokens/s"] = anchor_tokens_per_s(calm, rows, args.steps, 8)
     print(json.dumps(results, indent=2))
 

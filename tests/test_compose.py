@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from calm_core import CALMConfig, CALMError, ComposedLM
+from calm_core.alignment import tokenize
 from calm_core.tiny import ARCHITECTURES
 
 from .conftest import make_pair, randomize_bridge
@@ -42,7 +43,7 @@ def test_closed_gates_give_the_anchor_exactly(tokenizers, anchor_arch, augment_a
 def prefix_positions(calm, a, b):
     """Anchor positions whose token is the same in both texts and ends inside their common prefix."""
     common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    ids, offsets, _ = __import__("calm_core.alignment", fromlist=["tokenize"]).tokenize(calm.anchor.tokenizer, [a, b])
+    ids, offsets, _ = tokenize(calm.anchor.tokenizer, [a, b])
     n = 0
     for (ia, oa), (ib, ob) in zip(zip(ids[0], offsets[0]), zip(ids[1], offsets[1])):
         if ia != ib or oa != ob or oa[1] > common:

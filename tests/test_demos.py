@@ -63,17 +63,30 @@ def test_splits_keep_heldout_keys_out_of_composition_data(tmp_path, operands):
     assert len(examples) == len(files["eval_kv_math_heldout"])
 
 
-def test_anchor_never_sees_a_key():
+def test_base_models_see_only_their_own_skill():
+    """m_B never sees a letter (so no key); m_A never sees an arithmetic result; value heads read
+    each operand or key's own value at the character right after it."""
     import random
 
-    from demos.kv_arithmetic.recipes import anchor_sampler
+    from demos.kv_arithmetic.recipes import anchor_sampler, augment_sampler
 
     kv = D.make_kv(100, seed=0)
-    sample = anchor_sampler(100, 2, set(kv.values), in_context=1.0)
     rng = random.Random(0)
-    for _ in range(500):
-        text = "".join(t for t, _ in sample(rng))
-        assert not set(re.findall(r"[a-z]+", text)) & set(kv.values)
+    anchor, augment = anchor_sampler(100, 2), augment_sampler(kv.values, 2)
+    for _ in range(300):
+        segments = anchor(rng)
+        text = "".join(seg[0] for seg in segments)
+        assert re.fullmatch(r"\d+[+-]\d+=-?\d+", text), text
+        reads = [seg for seg in segments if len(seg) == 3]
+        assert [seg[0] for seg in reads] == re.findall(r"[+=-]", text.split("=")[0] + "=")
+        assert [seg[2] for seg in reads] == [int(x) for x in re.findall(r"\d+", text)[:2]]
+        segments = augment(rng)
+        prompt = "".join(seg[0] for seg in segments if not seg[1])
+        completion = "".join(seg[0] for seg in segments if seg[1])
+        keys = re.findall(r"[a-z]+", prompt)
+        assert set(keys) <= set(kv.values)
+        assert re.split(r"[+-]", completion) == [str(kv.values[k]) for k in keys]
+        assert [seg[2] for seg in segments if len(seg) == 3] == [kv.values[k] for k in keys]
 
 
 def test_kv_smoke_pipeline(tmp_path):

@@ -3,6 +3,12 @@
 Every training example is a list of (text, is_target) segments; the character tokenizer gives
 one token per character, so the loss mask follows the segments exactly, and an end-of-sequence
 token closes every example as a target. AdamW with linear warmup and cosine decay.
+
+A segment may carry a third element, an integer value: then `ValueHeads` (linear digit
+classifiers on chosen decoder layers, used only while training and thrown away after) learn
+to read that value's digits from the hidden state at the segment's last character. This is how
+m_A is made to hold a key's whole value at the position right after the key, in one
+key-independent code, instead of looking it up one digit at a time when it writes it.
 """
 from __future__ import annotations
 
@@ -18,7 +24,8 @@ from calm_core.tiny import char_tokenizer, tiny_config
 
 from .data import ALPHABET
 
-Segments = list[tuple[str, bool]]
+Segments = list[tuple]  # (text, is_target) or (text, is_target, value read at the text's last character)
+PLACES = 3  # digits of a value the value heads read: hundreds, tens, units
 
 
 def make_tokenizer():
@@ -32,30 +39,78 @@ def build_model(tokenizer, layers: int = 4, width: int = 128, heads: int = 4, se
     return AutoModelForCausalLM.from_config(config)
 
 
-def encode_segments(tokenizer, examples: list[Segments]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask, labels) right-padded; labels -100 off target."""
+def digits_of(value: int) -> list[int]:
+    return [value // 10 ** p % 10 for p in reversed(range(PLACES))]
+
+
+def encode_segments(tokenizer, examples: list[Segments]):
+    """(input_ids, attention_mask, labels, value_digits) right-padded; labels -100 off target,
+    value_digits (B, T, PLACES) -100 where no value is read."""
     vocab = tokenizer.get_vocab()
     bos, eos, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
-    rows, targets = [], []
+    rows, targets, reads = [], [], []
     for segs in examples:
-        ids, tgt = [bos], [False]
-        for text, is_target in segs:
+        ids, tgt, read = [bos], [False], {}
+        for text, is_target, *value in segs:
             ids.extend(vocab[c] for c in text)
             tgt.extend([is_target] * len(text))
+            if value:
+                read[len(ids) - 1] = value[0]
         ids.append(eos)
         tgt.append(True)
         rows.append(ids)
         targets.append(tgt)
+        reads.append(read)
     T = max(map(len, rows))
     input_ids = torch.full((len(rows), T), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), T), dtype=torch.long)
     labels = torch.full((len(rows), T), -100, dtype=torch.long)
-    for i, (ids, tgt) in enumerate(zip(rows, targets)):
+    value_digits = torch.full((len(rows), T, PLACES), -100, dtype=torch.long)
+    for i, (ids, tgt, read) in enumerate(zip(rows, targets, reads)):
         input_ids[i, : len(ids)] = torch.tensor(ids)
         mask[i, : len(ids)] = 1
         # unshifted: transformers' causal-LM loss shifts labels itself (logit t predicts token t+1)
         labels[i, : len(ids)] = torch.tensor([x if t else -100 for x, t in zip(ids, tgt)])
-    return input_ids, mask, labels
+        for pos, value in read.items():
+            value_digits[i, pos] = torch.tensor(digits_of(value))
+    return input_ids, mask, labels, value_digits
+
+
+class ValueHeads(torch.nn.Module):
+    """Linear digit classifiers on the outputs of some decoder layers (training only).
+
+    The loss asks each chosen layer to hold every digit of a value linearly at the positions the
+    segments mark, for all keys at once, so that one map read off a few keys fits every key."""
+
+    def __init__(self, width: int, layers: list[int]):
+        super().__init__()
+        self.layers = list(layers)
+        self.heads = torch.nn.ModuleList(torch.nn.Linear(width, 10 * PLACES) for _ in self.layers)
+
+    def loss(self, model, input_ids, attention_mask, labels, value_digits):
+        """The LM loss plus the mean digit cross-entropy over the chosen layers."""
+        from calm_core.models import decoder_layers
+
+        captured, blocks = {}, decoder_layers(model)
+
+        def capture(index):
+            def hook(module, args, output):
+                captured[index] = output[0] if isinstance(output, tuple) else output
+            return hook
+
+        handles = [blocks[i].register_forward_hook(capture(i), prepend=True) for i in self.layers]
+        try:
+            lm_loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        finally:
+            for handle in handles:
+                handle.remove()
+        where = value_digits[..., 0] >= 0
+        if not where.any():
+            return lm_loss
+        target = value_digits[where]  # (N, PLACES)
+        value_loss = sum(torch.nn.functional.cross_entropy(head(captured[i][where]).view(-1, 10), target.view(-1))
+                         for i, head in zip(self.layers, self.heads)) / len(self.layers)
+        return lm_loss + value_loss
 
 
 def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
@@ -67,17 +122,20 @@ def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
 def train_lm(model, tokenizer, sampler: Callable[[random.Random], Segments], steps: int, batch_size: int = 128,
              lr: float = 2e-3, warmup: int = 100, weight_decay: float = 0.1, seed: int = 0,
              time_limit: float | None = None, log_every: int = 200, evaluate: Callable[[], dict] | None = None,
-             eval_every: int = 0, log=print) -> list[dict]:
+             eval_every: int = 0, log=print, value_layers: list[int] | None = None) -> list[dict]:
     """Train all parameters of `model` on examples drawn from `sampler`. With time_limit (seconds)
     the cosine schedule is stretched over the steps that fit: the step count is re-estimated
-    from the measured speed after 20 steps."""
+    from the measured speed after 20 steps. value_layers: train `ValueHeads` on those layers
+    alongside (for samplers whose segments carry values)."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
     model.train()
     for p in model.parameters():
         p.requires_grad_(True)
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    heads = ValueHeads(model.config.hidden_size, value_layers) if value_layers else None
+    params = list(model.parameters()) + (list(heads.parameters()) if heads else [])
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.98))
     history, start, total, window = [], time.perf_counter(), steps, []
@@ -87,13 +145,16 @@ def train_lm(model, tokenizer, sampler: Callable[[random.Random], Segments], ste
         if time_limit and step == 20:
             per_step = (time.perf_counter() - start) / 20
             total = max(21, min(steps, int(time_limit / per_step)))
-        ids, mask, labels = encode_segments(tokenizer, [sampler(rng) for _ in range(batch_size)])
+        ids, mask, labels, value_digits = encode_segments(tokenizer, [sampler(rng) for _ in range(batch_size)])
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total, lr, warmup)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        if heads is not None:
+            loss = heads.loss(model, ids, mask, labels, value_digits)
+        else:
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         window.append(float(loss.detach()))
         if (step + 1) % log_every == 0 or step + 1 == total:

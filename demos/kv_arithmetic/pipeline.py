@@ -25,16 +25,18 @@ class Settings:
     operands: int = 2
     seed: int = 0
     train_share: float = 0.2
-    # base models (from scratch)
+    # base models (from scratch), trained side by side in two processes of `threads` threads each
     augment_layers: int = 4
     anchor_layers: int = 4
     width: int = 128
-    augment_steps: int = 1100
-    anchor_steps: int = 5000
-    base_batch: int = 64
+    augment_steps: int = 1500
+    anchor_steps: int = 3000
+    augment_batch: int = 128
+    anchor_batch: int = 256
     base_lr: float = 3e-3
-    augment_digits: float = 0.15  # share of m_A's single-digit lookups ("ab," -> units, "ab;" -> tens)
-    anchor_in_context: float = 0.0  # share of the anchor's arithmetic with variables defined in context
+    augment_value_layers: list[int] = field(default_factory=lambda: [2, 3])  # where m_A's value heads read
+    anchor_value_layers: list[int] = field(default_factory=lambda: [1])  # where m_B's value heads read
+    parallel_base: bool = True
     # composition (the bridge)
     compose_anchor_layers: list[int] = field(default_factory=lambda: [1, 3])
     compose_augment_layers: list[int] = field(default_factory=lambda: [1, 3])
@@ -55,7 +57,7 @@ class Settings:
     @classmethod
     def smoke(cls) -> "Settings":
         return cls(keys=30, augment_layers=2, anchor_layers=2, width=32, augment_steps=20, anchor_steps=20,
-                   base_batch=16, compose_anchor_layers=[1], compose_augment_layers=[1], compose_steps=10,
+                   augment_batch=16, anchor_batch=16, augment_value_layers=[1], anchor_value_layers=[0], compose_anchor_layers=[1], compose_augment_layers=[1], compose_steps=10,
                    compose_batch=8, compose_examples=60, finetune_steps=10, eval_examples=12)
 
 
@@ -107,35 +109,58 @@ def load_model(directory: Path):
     return AutoModelForCausalLM.from_pretrained(directory).eval(), AutoTokenizer.from_pretrained(directory)
 
 
-def train_base(s: Settings, kv: D.KVSpace, files: dict, out: Path) -> dict:
-    """Train m_A and m_B from scratch (or reuse the ones in out/ with s.reuse_base)."""
+BASE_TITLES = {"augment": "m_A (augmenting: knows D_KV, no arithmetic)",
+               "anchor": "m_B (anchor: arithmetic, never a key of D_KV)"}
+
+
+def train_one_base(name: str, s: Settings, kv: D.KVSpace, files: dict, out: Path) -> float:
+    """Train m_A ("augment") or m_B ("anchor") from scratch and save it to out/name; returns seconds."""
+    torch.set_num_threads(s.threads)
     tok = make_tokenizer()
+    if name == "augment":
+        layers, steps, batch, seed, warmup = s.augment_layers, s.augment_steps, s.augment_batch, s.seed, 50
+        sampler, value_layers = augment_sampler(kv.values, s.operands), s.augment_value_layers
+        rows, metric = files["eval_kv_subs"][:200], "kv_subs"
+    else:
+        layers, steps, batch, seed, warmup = s.anchor_layers, s.anchor_steps, s.anchor_batch, s.seed + 1, 100
+        sampler, value_layers = anchor_sampler(s.keys, s.operands), s.anchor_value_layers
+        rows, metric = files["eval_num_math"][:200], "num_math"
+    prefix = "m_A" if name == "augment" else "m_B"
+    log(f"training {BASE_TITLES[name]}: {layers}x{s.width}, {steps} steps of {batch}, value heads on layers {value_layers}")
+    t = time.perf_counter()
+    model = build_model(tok, layers, s.width, seed=seed)
+    train_lm(model, tok, sampler, steps, batch, s.base_lr, warmup=warmup, seed=seed, log_every=max(1, steps // 12),
+             eval_every=max(1, steps // 12) * 4, evaluate=lambda: {metric: exact_match_bare(model, tok, rows)},
+             log=lambda m: log(f"{prefix}{m}"), value_layers=value_layers)
+    seconds = time.perf_counter() - t
+    save_model(model, tok, out / name)
+    return seconds
+
+
+def train_base(s: Settings, kv: D.KVSpace, files: dict, out: Path) -> dict:
+    """Train m_A and m_B from scratch, side by side in two processes with s.parallel_base (or reuse
+    the ones in out/ with s.reuse_base)."""
     times_path = out / "base_times.json"
     times = json.loads(times_path.read_text()) if times_path.exists() else {}
-    subs, num = files["eval_kv_subs"][:100], files["eval_num_math"][:100]
-    models = {}
-    specs = {
-        "augment": ("m_A (augmenting: knows D_KV, no arithmetic)", s.augment_layers, s.augment_steps, s.seed,
-                    augment_sampler(kv.values, s.operands, digits=s.augment_digits), lambda m: {"kv_subs": exact_match_bare(m, tok, subs)}),
-        "anchor": ("m_B (anchor: arithmetic, never a key of D_KV)", s.anchor_layers, s.anchor_steps, s.seed + 1,
-                   anchor_sampler(s.keys, s.operands, set(kv.values), s.anchor_in_context),
-                   lambda m: {"num_math": exact_match_bare(m, tok, num)}),
-    }
-    for name, (title, layers, steps, seed, sampler, check) in specs.items():
-        if s.reuse_base and (out / name / "config.json").exists():
-            log(f"reusing {title} from {out / name}")
-            models[name] = load_model(out / name)[0]
-            continue
-        log(f"training {title}: {layers}x{s.width}, {steps} steps of {s.base_batch}")
+    todo = [n for n in ("augment", "anchor") if not (s.reuse_base and (out / n / "config.json").exists())]
+    for name in {"augment", "anchor"} - set(todo):
+        log(f"reusing {BASE_TITLES[name]} from {out / name}")
+    if todo:
         t = time.perf_counter()
-        model = build_model(tok, layers, s.width, seed=seed)
-        train_lm(model, tok, sampler, steps, s.base_batch, s.base_lr, warmup=50, seed=seed,
-                 log_every=max(1, steps // 8), eval_every=max(1, steps // 4), evaluate=lambda: check(model), log=log)
-        times[f"{name}_s"] = time.perf_counter() - t
-        save_model(model, tok, out / name)
+        if s.parallel_base and len(todo) > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            with ProcessPoolExecutor(len(todo), mp_context=multiprocessing.get_context("spawn")) as pool:
+                futures = {n: pool.submit(train_one_base, n, s, kv, files, out) for n in todo}
+                times.update({f"{n}_s": f.result() for n, f in futures.items()})
+        else:
+            times.update({f"{n}_s": train_one_base(n, s, kv, files, out) for n in todo})
+        times["base_wall_s"] = time.perf_counter() - t
         times_path.write_text(json.dumps(times))
-        models[name] = model
-    return {"augment": models["augment"], "anchor": models["anchor"], "tokenizer": tok, "times": times}
+    tok = make_tokenizer()
+    return {"augment": load_model(out / "augment")[0], "anchor": load_model(out / "anchor")[0], "tokenizer": tok,
+            "times": times}
 
 
 # ---- 3. composition (the bridge; calm_core's Trainer) ----------------------------------------
@@ -153,10 +178,7 @@ def compose(s: Settings, anchor, augment, tokenizer, files: dict, out_dir: Path 
     val = [Example(p, c) for p, c in files["composition_validation"]]
     config = TrainConfig(steps=s.compose_steps, lr=s.compose_lr, batch_size=s.compose_batch,
                          warmup_steps=min(20, max(1, s.compose_steps // 10)), eval_every=max(1, s.compose_steps // 4),
-                         log_every=max(1, s.compose_steps // 12), seed=s.seed, progress=False,
-                         # calm_core's augment-state cache fails on batches that span its 64-row chunks
-                         # (rows padded to different lengths per chunk): off until fixed there.
-                         cache_augment_states=False)
+                         log_every=max(1, s.compose_steps // 12), seed=s.seed, progress=False)
     log(f"{label}: training the bridge ({calm.num_parameters()[0]:,d} parameters), {s.compose_steps} steps")
     t = time.perf_counter()
     result = Trainer(calm, train, val, config,

@@ -1,4 +1,4 @@
-"""A linear probe: how readable is a key's value in m_A's hidden states at the key's last letter?
+"""A linear probe: how readable is a key's value in m_A's hidden states right after the key?
 
 Ridge-regression one-hot probes per digit, fitted on the composition (train) keys and scored on
 held-out keys, for each layer: this is what the bridge has to work with, since it is trained on
@@ -30,7 +30,7 @@ def value_probe(model, tokenizer, kv: KVSpace, context: str = "{k}+", layers=Non
                 other = rng.choice(keys)
                 text = context.format(k=k, other=other)
                 texts.append(text)
-                pos.append(text.index(k) + len(k) - 1)
+                pos.append(text.rindex(k) + len(k))  # the character after the key
                 vals.append(kv.values[k])
         return hidden_at(model, tokenizer, texts, pos, layer), vals
 
@@ -44,15 +44,15 @@ def value_probe(model, tokenizer, kv: KVSpace, context: str = "{k}+", layers=Non
 
 @torch.no_grad()
 def logit_lens(model, tokenizer, kv: KVSpace, context: str = "{k}+", seed: int = 0) -> dict:
-    """Share of held-out keys whose first / units / tens digit is m_A's top digit at the key's last
-    letter (its own unembedding: a readout that is the same for every key)."""
+    """Share of held-out keys whose first / units / tens digit is m_A's top digit at the character
+    after the key (its own unembedding: a readout that is the same for every key)."""
     rng = random.Random(seed)
     vocab = tokenizer.get_vocab()
     digit_ids = [vocab[str(d)] for d in range(10)]
     hits = {"first": 0, "units": 0, "tens": 0}
     for k in kv.heldout_keys:
         text = context.format(k=k, other=rng.choice(list(kv.values)))
-        pos = text.index(k) + len(k) - 1
+        pos = text.rindex(k) + len(k)
         ids = torch.tensor([[tokenizer.bos_token_id] + [vocab[c] for c in text]])
         top = int(model(input_ids=ids).logits[0, pos + 1, digit_ids].argmax())
         v = kv.values[k]

@@ -2,74 +2,48 @@
 
 m_A (augmenting): knows D_KV, never sees arithmetic. Formats of D_KV only:
   KV-SUBS            "ab+xyz="            -> "95+22"
-  inline values      "ab" 95 "+xyz" 22 "=" -> "95+22"  (the loss covers the inline digits too, so
-                     each value is predicted right after its key and is readable at its last letter)
   single lookups     "ab="                -> "95"
-m_B (anchor): does arithmetic, never sees a key of D_KV. NUM-MATH, and (optionally) the general
-  skill of arithmetic over variables defined in context, with names drawn outside D_KV:
-  "qw=95,rty=22;qw+rty=" -> "117"
+  plus value heads (base.ValueHeads) reading each key's value at the character after the key.
+m_B (anchor): does arithmetic, never sees a key of D_KV (nor any letter): NUM-MATH
+  "95+22=" -> "117", plus value heads reading each operand at the character after it.
 """
 from __future__ import annotations
 
 import random
 
-from .data import evaluate, random_key, render
+from .data import evaluate, render
 
 
-def augment_sampler(values: dict[str, int], operands: int, inline: float = 0.3, lookup: float = 0.15,
-                    digits: float = 0.0):
-    """digits: share of single-digit lookups "ab," -> units digit, "ab;" -> tens digit, so that every
-    digit of a value has to be retrievable from the key's own position."""
+def augment_sampler(values: dict[str, int], operands: int, lookup: float = 0.3):
+    """KV-SUBS and single lookups; every key's value is also read by the value heads at the
+    character right after the key (the operator or "="), where the bridge will look for it."""
     keys = list(values)
 
     def sample(rng: random.Random):
-        if digits and rng.random() < digits:
+        if rng.random() < lookup:
             k = rng.choice(keys)
-            v = values[k]
-            return [(k + ",", False), (str(v % 10), True)] if rng.random() < 0.5 else [(k + ";", False), (str(v // 10 % 10), True)]
-        r = rng.random()
-        if r < lookup:
-            k = rng.choice(keys)
-            return [(k + "=", False), (str(values[k]), True)]
+            return [(k, False), ("=", False, values[k]), (str(values[k]), True)]
         n = rng.randint(2, operands) if operands > 2 else 2
         ks = [rng.choice(keys) for _ in range(n)]
         ops = [rng.choice("+-") for _ in range(n - 1)]
-        answer = render([values[k] for k in ks], ops)
-        if r < lookup + inline:
-            segs = []
-            for i, k in enumerate(ks):
-                segs += [((ops[i - 1] if i else "") + k, False), (str(values[k]), True)]
-            return segs + [("=", False), (answer, True)]
-        return [(render(ks, ops) + "=", False), (answer, True)]
+        segs = []
+        for k, after in zip(ks, ops + ["="]):
+            segs += [(k, False), (after, False, values[k])]
+        return segs + [(render([values[k] for k in ks], ops), True)]
 
     return sample
 
 
-def anchor_sampler(max_value: int, operands: int, forbidden: set[str], in_context: float = 0.5,
-                   distractor: float = 0.3):
-    def name(rng):
-        while True:
-            k = random_key(rng)
-            if k not in forbidden:
-                return k
-
+def anchor_sampler(max_value: int, operands: int):
+    """NUM-MATH with random operands in [1, max_value]: digits only, so never a key of D_KV. Each
+    operand's value is also read by the value heads at the character after it."""
     def sample(rng: random.Random):
         n = rng.randint(2, operands) if operands > 2 else 2
         nums = [rng.randint(1, max_value) for _ in range(n)]
         ops = [rng.choice("+-") for _ in range(n - 1)]
-        answer = str(evaluate(nums, ops))
-        if rng.random() >= in_context:
-            return [(render(nums, ops) + "=", False), (answer, True)]
-        names = []
-        while len(names) < n:
-            k = name(rng)
-            if k not in names:
-                names.append(k)
-        defs = list(zip(names, nums))
-        if rng.random() < distractor:
-            defs.append((name(rng), rng.randint(1, max_value)))
-        rng.shuffle(defs)
-        context = ",".join(f"{k}={v}" for k, v in defs) + ";"
-        return [(context + render(names, ops) + "=", False), (answer, True)]
+        segs = []
+        for x, after in zip(nums, ops + ["="]):
+            segs += [(str(x), False), (after, False, x)]
+        return segs + [(str(evaluate(nums, ops)), True)]
 
     return sample

@@ -31,7 +31,7 @@ def test_formats_match_the_paper():
 def test_splits_keep_heldout_keys_out_of_composition_data(tmp_path, operands):
     from demos.kv_arithmetic.pipeline import Settings, make_data
 
-    s = Settings(keys=60, operands=operands, compose_examples=200, eval_examples=50)
+    s = Settings(keys=60, operands=operands, compose_examples=400, eval_examples=50)  # more than 12 keys allow
     splits = make_data(s, tmp_path)
     kv, files = splits["kv"], splits["files"]
     held, train = set(kv.heldout_keys), set(kv.train_keys)
@@ -48,6 +48,9 @@ def test_splits_keep_heldout_keys_out_of_composition_data(tmp_path, operands):
             assert set(keys) <= train and not set(keys) & held
             assert re.fullmatch(r"-?\d+", completion)
     assert 0 < n_num < len(files["composition_train"])
+    assert all(files[name] for name in files), {name: len(rows) for name, rows in files.items()}
+    composed = {prompt for prompt, _ in files["composition_train"] + files["composition_validation"]}
+    assert not composed & {prompt for prompt, _ in files["eval_kv_math_trainkeys"]}
     for name in ("eval_kv_subs", "eval_kv_math_heldout"):
         for prompt, _ in files[name]:
             assert pattern.match(prompt) and set(re.findall(r"[a-z]+", prompt)) <= held

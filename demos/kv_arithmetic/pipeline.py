@@ -71,11 +71,13 @@ def make_data(s: Settings, out: Path) -> dict:
     """D_KV, the composition files (train keys only) and the evaluation files; returns the splits."""
     kv = D.make_kv(s.keys, seed=s.seed, train_share=s.train_share)
     rng = random.Random(s.seed + 7)
-    train_exprs = D.expressions(kv.values, kv.train_keys, s.compose_examples + s.compose_examples // 10 + s.eval_examples,
-                                s.operands, seed=s.seed + 1)
+    # expressions over the training keys: evaluation rows first, so that a small key space
+    # (40 keys, 2 operands: 3200 expressions) shortens the composition set, not the evaluation
     n_val = max(1, s.compose_examples // 10)
-    comp, val, train_eval = (train_exprs[:s.compose_examples], train_exprs[s.compose_examples:s.compose_examples + n_val],
-                             train_exprs[s.compose_examples + n_val:])
+    train_exprs = D.expressions(kv.values, kv.train_keys, s.eval_examples + n_val + s.compose_examples,
+                                s.operands, seed=s.seed + 1)
+    train_eval, val, comp = (train_exprs[:s.eval_examples], train_exprs[s.eval_examples:s.eval_examples + n_val],
+                             train_exprs[s.eval_examples + n_val:])
     fmt = lambda exprs, name: [D.formats(kv.values, k, o)[name] for k, o in exprs]
     n_num = round(len(comp) * s.num_math_share / (1 - s.num_math_share))
     composition = fmt(comp, "kv_math") + [D.num_math_random(rng, s.keys, s.operands) for _ in range(n_num)]

@@ -134,7 +134,7 @@ def differences(shapes: Shapes, batch: int, length: int) -> list[str]:
         "KV caches. Greedy is imposed through its filter_fn (only the argmax survives its Gumbel sampling).",
         "Memory: at construction it hooks a recorder onto every anchor block that keeps each block's output of every "
         "later forward (only a call through its wrapper clears them, and CALM.forward calls the anchor directly): "
-        f"at least {leak:.1f} MiB a step at batch {batch} x {length} (layers x batch x length x width x 4 bytes).",
+        f"at least {leak:.3g} MiB a step at batch {batch} x {length} (layers x batch x length x width x 4 bytes).",
         "Its generate() returns the prompt together with the new tokens (an operator-precedence slip in its mask); "
         "only its time is used here.",
     ]

@@ -92,6 +92,27 @@ def test_base_models_see_only_their_own_skill():
         assert [seg[2] for seg in segments if len(seg) == 3] == [kv.values[k] for k in keys]
 
 
+def test_anchor_names_are_never_keys_and_their_values_are_injected():
+    import random
+
+    from demos.kv_arithmetic.base import INJECT, encode_segments, make_tokenizer
+    from demos.kv_arithmetic.recipes import anchor_sampler
+
+    kv = D.make_kv(100, seed=0)
+    sample = anchor_sampler(100, 2, forbidden=set(kv.values), named=1.0)
+    rng = random.Random(0)
+    examples = [sample(rng) for _ in range(400)]
+    names = [seg[0] for ex in examples for seg in ex if seg[0].isalpha()]
+    assert len(names) > 300 and not set(names) & set(kv.values)
+    for ex in examples:
+        for before, after in zip(ex, ex[1:]):
+            if before[0].isalpha():
+                assert after[3:] == (INJECT,) and 1 <= after[2] <= 100
+    ids, _, _, values = encode_segments(make_tokenizer(), examples[:8])
+    injected = values[..., 0, 1] >= 0
+    assert injected.sum() == sum(seg[0].isalpha() for ex in examples[:8] for seg in ex)
+
+
 def test_kv_smoke_pipeline(tmp_path):
     from demos.kv_arithmetic.pipeline import Settings, run
 

@@ -9,6 +9,12 @@ classifiers on chosen decoder layers, used only while training and thrown away a
 to read that value's digits from the hidden state at the segment's last character. This is how
 m_A is made to hold a key's whole value at the position right after the key, in one
 key-independent code, instead of looking it up one digit at a time when it writes it.
+
+A fourth element "inject" turns reading into writing: a learned digit code of the value is
+added to the hidden state after layer `inject_layer` at that character. The anchor is trained
+so with operands that are unknown names, the value arriving as a vector where the name ends:
+the interface a large pretrained anchor has for things it recalls, and the one the bridge
+must learn to drive from m_A's states.
 """
 from __future__ import annotations
 
@@ -24,7 +30,8 @@ from calm_core.tiny import char_tokenizer, tiny_config
 
 from .data import ALPHABET
 
-Segments = list[tuple]  # (text, is_target) or (text, is_target, value read at the text's last character)
+Segments = list[tuple]  # (text, is_target[, value at the text's last character[, INJECT]])
+INJECT = "inject"
 PLACES = 3  # digits of a value the value heads read: hundreds, tens, units
 
 
@@ -45,69 +52,86 @@ def digits_of(value: int) -> list[int]:
 
 def encode_segments(tokenizer, examples: list[Segments]):
     """(input_ids, attention_mask, labels, value_digits) right-padded; labels -100 off target,
-    value_digits (B, T, PLACES) -100 where no value is read."""
+    value_digits (B, T, PLACES, 2): [..., 0] digits to read, [..., 1] digits to inject, -100 where none."""
     vocab = tokenizer.get_vocab()
     bos, eos, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
-    rows, targets, reads = [], [], []
+    rows, targets, values = [], [], []
     for segs in examples:
-        ids, tgt, read = [bos], [False], {}
+        ids, tgt, at = [bos], [False], {}
         for text, is_target, *value in segs:
             ids.extend(vocab[c] for c in text)
             tgt.extend([is_target] * len(text))
             if value:
-                read[len(ids) - 1] = value[0]
+                at[len(ids) - 1] = (value[0], int(value[1:] == [INJECT]))
         ids.append(eos)
         tgt.append(True)
         rows.append(ids)
         targets.append(tgt)
-        reads.append(read)
+        values.append(at)
     T = max(map(len, rows))
     input_ids = torch.full((len(rows), T), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), T), dtype=torch.long)
     labels = torch.full((len(rows), T), -100, dtype=torch.long)
-    value_digits = torch.full((len(rows), T, PLACES), -100, dtype=torch.long)
-    for i, (ids, tgt, read) in enumerate(zip(rows, targets, reads)):
+    value_digits = torch.full((len(rows), T, PLACES, 2), -100, dtype=torch.long)
+    for i, (ids, tgt, at) in enumerate(zip(rows, targets, values)):
         input_ids[i, : len(ids)] = torch.tensor(ids)
         mask[i, : len(ids)] = 1
         # unshifted: transformers' causal-LM loss shifts labels itself (logit t predicts token t+1)
         labels[i, : len(ids)] = torch.tensor([x if t else -100 for x, t in zip(ids, tgt)])
-        for pos, value in read.items():
-            value_digits[i, pos] = torch.tensor(digits_of(value))
+        for pos, (value, inject) in at.items():
+            value_digits[i, pos, :, inject] = torch.tensor(digits_of(value))
     return input_ids, mask, labels, value_digits
 
 
 class ValueHeads(torch.nn.Module):
-    """Linear digit classifiers on the outputs of some decoder layers (training only).
+    """Linear digit classifiers on the outputs of some decoder layers, and a digit code added at
+    one layer (training only).
 
-    The loss asks each chosen layer to hold every digit of a value linearly at the positions the
-    segments mark, for all keys at once, so that one map read off a few keys fits every key."""
+    Reading asks each chosen layer to hold every digit of a value linearly at the positions the
+    segments mark, for all values at once, so that one map read off a few keys fits every key.
+    Writing teaches the layers above `inject_layer` to compute with a value given as a vector."""
 
-    def __init__(self, width: int, layers: list[int]):
+    def __init__(self, width: int, layers: list[int], inject_layer: int | None = None):
         super().__init__()
-        self.layers = list(layers)
+        self.layers, self.inject_layer = list(layers), inject_layer
         self.heads = torch.nn.ModuleList(torch.nn.Linear(width, 10 * PLACES) for _ in self.layers)
+        self.codes = torch.nn.Embedding(10 * PLACES, width) if inject_layer is not None else None
+        if self.codes is not None:
+            torch.nn.init.normal_(self.codes.weight, std=0.5)
 
     def loss(self, model, input_ids, attention_mask, labels, value_digits):
         """The LM loss plus the mean digit cross-entropy over the chosen layers."""
         from calm_core.models import decoder_layers
 
         captured, blocks = {}, decoder_layers(model)
+        read, write = value_digits[..., 0], value_digits[..., 1]
+        to_write = write[..., 0] >= 0  # (B, T)
 
         def capture(index):
             def hook(module, args, output):
                 captured[index] = output[0] if isinstance(output, tuple) else output
             return hook
 
-        handles = [blocks[i].register_forward_hook(capture(i), prepend=True) for i in self.layers]
+        def inject(module, args, output):
+            hidden = output[0] if isinstance(output, tuple) else output
+            offsets = torch.arange(PLACES) * 10
+            code = self.codes(write.clamp(min=0) + offsets).sum(-2) * to_write[..., None]
+            hidden = hidden + code
+            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+        handles = []
         try:
+            if self.codes is not None and to_write.any():
+                handles.append(blocks[self.inject_layer].register_forward_hook(inject, prepend=True))
+            handles += [blocks[i].register_forward_hook(capture(i)) for i in self.layers]
             lm_loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         finally:
             for handle in handles:
                 handle.remove()
-        where = value_digits[..., 0] >= 0
-        if not where.any():
+        where = read[..., 0] >= 0
+        if not where.any() or not self.layers:
             return lm_loss
-        target = value_digits[where]  # (N, PLACES)
+        target = read[where]  # (N, PLACES)
         value_loss = sum(torch.nn.functional.cross_entropy(head(captured[i][where]).view(-1, 10), target.view(-1))
                          for i, head in zip(self.layers, self.heads)) / len(self.layers)
         return lm_loss + value_loss
@@ -122,17 +146,19 @@ def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
 def train_lm(model, tokenizer, sampler: Callable[[random.Random], Segments], steps: int, batch_size: int = 128,
              lr: float = 2e-3, warmup: int = 100, weight_decay: float = 0.1, seed: int = 0,
              time_limit: float | None = None, log_every: int = 200, evaluate: Callable[[], dict] | None = None,
-             eval_every: int = 0, log=print, value_layers: list[int] | None = None) -> list[dict]:
+             eval_every: int = 0, log=print, value_layers: list[int] | None = None,
+             inject_layer: int | None = None) -> list[dict]:
     """Train all parameters of `model` on examples drawn from `sampler`. With time_limit (seconds)
     the cosine schedule is stretched over the steps that fit: the step count is re-estimated
     from the measured speed after 20 steps. value_layers: train `ValueHeads` on those layers
-    alongside (for samplers whose segments carry values)."""
+    alongside (for samplers whose segments carry values); inject_layer: where injected values arrive."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
     model.train()
     for p in model.parameters():
         p.requires_grad_(True)
-    heads = ValueHeads(model.config.hidden_size, value_layers) if value_layers else None
+    heads = (ValueHeads(model.config.hidden_size, value_layers or [], inject_layer)
+             if value_layers or inject_layer is not None else None)
     params = list(model.parameters()) + (list(heads.parameters()) if heads else [])
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]

@@ -30,12 +30,14 @@ class Settings:
     anchor_layers: int = 4
     width: int = 128
     augment_steps: int = 1500
-    anchor_steps: int = 3000
+    anchor_steps: int = 2500
     augment_batch: int = 128
     anchor_batch: int = 256
     base_lr: float = 3e-3
     augment_value_layers: list[int] = field(default_factory=lambda: [2, 3])  # where m_A's value heads read
     anchor_value_layers: list[int] = field(default_factory=lambda: [1])  # where m_B's value heads read
+    anchor_named: float = 0.5  # share of m_B's examples with unknown names whose values are injected
+    anchor_inject_layer: int = 0  # where those values arrive (the bridge's anchor layer)
     parallel_base: bool = True
     # composition (the bridge)
     compose_anchor_layers: list[int] = field(default_factory=lambda: [1, 3])
@@ -57,7 +59,7 @@ class Settings:
     @classmethod
     def smoke(cls) -> "Settings":
         return cls(keys=30, augment_layers=2, anchor_layers=2, width=32, augment_steps=20, anchor_steps=20,
-                   augment_batch=16, anchor_batch=16, augment_value_layers=[1], anchor_value_layers=[0], compose_anchor_layers=[1], compose_augment_layers=[1], compose_steps=10,
+                   augment_batch=16, anchor_batch=16, augment_value_layers=[1], anchor_value_layers=[1], anchor_inject_layer=0, compose_anchor_layers=[1], compose_augment_layers=[1], compose_steps=10,
                    compose_batch=8, compose_examples=60, finetune_steps=10, eval_examples=12)
 
 
@@ -121,19 +123,25 @@ def train_one_base(name: str, s: Settings, kv: D.KVSpace, files: dict, out: Path
     tok = make_tokenizer()
     if name == "augment":
         layers, steps, batch, seed, warmup = s.augment_layers, s.augment_steps, s.augment_batch, s.seed, 50
-        sampler, value_layers = augment_sampler(kv.values, s.operands), s.augment_value_layers
+        sampler, value_layers, inject_layer = augment_sampler(kv.values, s.operands), s.augment_value_layers, None
         rows, metric = files["eval_kv_subs"][:200], "kv_subs"
     else:
         layers, steps, batch, seed, warmup = s.anchor_layers, s.anchor_steps, s.anchor_batch, s.seed + 1, 100
-        sampler, value_layers = anchor_sampler(s.keys, s.operands), s.anchor_value_layers
+        sampler = anchor_sampler(s.keys, s.operands, forbidden=set(kv.values), named=s.anchor_named)
+        value_layers, inject_layer = s.anchor_value_layers, s.anchor_inject_layer
         rows, metric = files["eval_num_math"][:200], "num_math"
     prefix = "m_A" if name == "augment" else "m_B"
     log(f"training {BASE_TITLES[name]}: {layers}x{s.width}, {steps} steps of {batch}, value heads on layers {value_layers}")
     t = time.perf_counter()
     model = build_model(tok, layers, s.width, seed=seed)
-    train_lm(model, tok, sampler, steps, batch, s.base_lr, warmup=warmup, seed=seed, log_every=max(1, steps // 12),
-             eval_every=max(1, steps // 12) * 4, evaluate=lambda: {metric: exact_match_bare(model, tok, rows)},
-             log=lambda m: log(f"{prefix}{m}"), value_layers=value_layers)
+
+    def check():  # and keep what was learned so far
+        save_model(model, tok, out / name)
+        return {metric: exact_match_bare(model, tok, rows)}
+
+    train_lm(model, tok, sampler, steps, batch, s.base_lr, warmup=warmup, seed=seed, log_every=max(1, steps // 20),
+             eval_every=max(1, steps // 20) * 4, evaluate=check, log=lambda m: log(f"{prefix}{m}"),
+             value_layers=value_layers, inject_layer=inject_layer)
     seconds = time.perf_counter() - t
     save_model(model, tok, out / name)
     return seconds

@@ -4,14 +4,16 @@ m_A (augmenting): knows D_KV, never sees arithmetic. Formats of D_KV only:
   KV-SUBS            "ab+xyz="            -> "95+22"
   single lookups     "ab="                -> "95"
   plus value heads (base.ValueHeads) reading each key's value at the character after the key.
-m_B (anchor): does arithmetic, never sees a key of D_KV (nor any letter): NUM-MATH
-  "95+22=" -> "117", plus value heads reading each operand at the character after it.
+m_B (anchor): does arithmetic, never sees a key of D_KV: NUM-MATH "95+22=" -> "117", plus value
+  heads reading each operand at the character after it, and (a share `named`) arithmetic over
+  unknown names whose values arrive as vectors where each name ends ("qw+22=" -> "117", 95 injected).
 """
 from __future__ import annotations
 
 import random
 
-from .data import evaluate, render
+from .base import INJECT
+from .data import evaluate, random_key, render
 
 
 def augment_sampler(values: dict[str, int], operands: int, lookup: float = 0.3):
@@ -34,16 +36,28 @@ def augment_sampler(values: dict[str, int], operands: int, lookup: float = 0.3):
     return sample
 
 
-def anchor_sampler(max_value: int, operands: int):
-    """NUM-MATH with random operands in [1, max_value]: digits only, so never a key of D_KV. Each
-    operand's value is also read by the value heads at the character after it."""
+def anchor_sampler(max_value: int, operands: int, forbidden: set[str] = frozenset(), named: float = 0.0):
+    """NUM-MATH with random operands in [1, max_value] ("95+22=" -> "117"). Each operand's value is
+    read by the value heads at the character after it. With probability `named` an example's
+    operands are each, half of the time, an unknown name of 2-6 letters (never one of `forbidden`,
+    the keys of D_KV) whose value is injected as a vector at the character after the name."""
+    def name(rng):
+        while True:
+            k = random_key(rng)
+            if k not in forbidden:
+                return k
+
     def sample(rng: random.Random):
         n = rng.randint(2, operands) if operands > 2 else 2
         nums = [rng.randint(1, max_value) for _ in range(n)]
         ops = [rng.choice("+-") for _ in range(n - 1)]
+        with_names = rng.random() < named
         segs = []
         for x, after in zip(nums, ops + ["="]):
-            segs += [(str(x), False), (after, False, x)]
+            if with_names and rng.random() < 0.5:
+                segs += [(name(rng), False), (after, False, x, INJECT)]
+            else:
+                segs += [(str(x), False), (after, False, x)]
         return segs + [(str(evaluate(nums, ops)), True)]
 
     return sample

@@ -147,18 +147,19 @@ def train_lm(model, tokenizer, sampler: Callable[[random.Random], Segments], ste
              lr: float = 2e-3, warmup: int = 100, weight_decay: float = 0.1, seed: int = 0,
              time_limit: float | None = None, log_every: int = 200, evaluate: Callable[[], dict] | None = None,
              eval_every: int = 0, log=print, value_layers: list[int] | None = None,
-             inject_layer: int | None = None) -> list[dict]:
+             inject_layer: int | None = None, value_heads: ValueHeads | None = None) -> list[dict]:
     """Train all parameters of `model` on examples drawn from `sampler`. With time_limit (seconds)
     the cosine schedule is stretched over the steps that fit: the step count is re-estimated
     from the measured speed after 20 steps. value_layers: train `ValueHeads` on those layers
-    alongside (for samplers whose segments carry values); inject_layer: where injected values arrive."""
+    alongside (for samplers whose segments carry values); inject_layer: where injected values arrive;
+    value_heads: a ValueHeads to train instead of a new one (to keep it for diagnostics)."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
     model.train()
     for p in model.parameters():
         p.requires_grad_(True)
-    heads = (ValueHeads(model.config.hidden_size, value_layers or [], inject_layer)
-             if value_layers or inject_layer is not None else None)
+    heads = value_heads or (ValueHeads(model.config.hidden_size, value_layers or [], inject_layer)
+                            if value_layers or inject_layer is not None else None)
     params = list(model.parameters()) + (list(heads.parameters()) if heads else [])
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]

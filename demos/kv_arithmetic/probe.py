@@ -3,6 +3,9 @@
 Ridge-regression one-hot probes per digit, fitted on the composition (train) keys and scored on
 held-out keys, for each layer: this is what the bridge has to work with, since it is trained on
 the train keys only. python -m demos.kv_arithmetic.probe MODEL_DIR [DATA_DIR]
+
+And activation patching of the anchor (`--anchor`): ideal states written at the operators.
+python -m demos.kv_arithmetic.probe presets/kv_arithmetic/anchor presets/kv_arithmetic/data --anchor
 """
 from __future__ import annotations
 
@@ -62,6 +65,51 @@ def logit_lens(model, tokenizer, kv: KVSpace, context: str = "{k}+", seed: int =
     return {name: n / len(kv.heldout_keys) for name, n in hits.items()}
 
 
+@torch.no_grad()
+def operator_patching(anchor, tokenizer, kv: KVSpace, layer: int, n: int = 60, last_letters: bool = False,
+                      seed: int = 0) -> float:
+    """Can the anchor compute KV-MATH at all when handed ideal states? For "k1+k2=" take the anchor's
+    own states after `layer` at the operators of the matching "v1+v2=" and write them over its
+    states at "k1+k2="'s operators (and its last digits over the keys' last letters with
+    last_letters), at every step of greedy decoding: the share answered right bounds what a
+    bridge writing only there can do."""
+    from calm_core.models import decoder_layers
+
+    from .base import greedy
+
+    rng, keys, block = random.Random(seed), list(kv.values), decoder_layers(anchor)[layer]
+    vocab = tokenizer.get_vocab()
+    hits = 0
+    for _ in range(n):
+        k1, k2, op = rng.choice(keys), rng.choice(keys), rng.choice("+-")
+        v1, v2 = kv.values[k1], kv.values[k2]
+        source, target = f"{v1}{op}{v2}=", f"{k1}{op}{k2}="
+        captured = {}
+        handle = block.register_forward_hook(lambda m, a, o: captured.setdefault("h", o[0] if isinstance(o, tuple) else o))
+        try:
+            anchor(input_ids=torch.tensor([[tokenizer.bos_token_id] + [vocab[c] for c in source]]))
+        finally:
+            handle.remove()
+        pairs = [(len(k1), len(str(v1))), (len(target) - 1, len(source) - 1)]  # (target, source) operator positions
+        if last_letters:
+            pairs += [(t - 1, s - 1) for t, s in pairs]  # last letter <- last digit
+        states = {t + 1: captured["h"][0, s + 1] for t, s in pairs}  # +1: BOS
+
+        def patch(module, args, output):
+            hidden = (output[0] if isinstance(output, tuple) else output).clone()
+            for pos, state in states.items():
+                hidden[:, pos] = state
+            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+        handle = block.register_forward_hook(patch, prepend=True)
+        try:
+            answer = greedy(anchor, tokenizer, [target], max_new_tokens=6)[0]
+        finally:
+            handle.remove()
+        hits += answer == str(v1 + v2 if op == "+" else v1 - v2)
+    return hits / n
+
+
 if __name__ == "__main__":
     import json
 
@@ -72,6 +120,11 @@ if __name__ == "__main__":
     model = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
     data = Path(sys.argv[2] if len(sys.argv) > 2 else Path(sys.argv[1]).parent / "data")
     kv = KVSpace.from_dict(json.loads((data / "kv.json").read_text()))
+    if "--anchor" in sys.argv:
+        for layer in range(model.config.num_hidden_layers):
+            print(f"layer {layer}: operators {operator_patching(model, make_tokenizer(), kv, layer):.2f}, "
+                  f"+ last letters {operator_patching(model, make_tokenizer(), kv, layer, last_letters=True):.2f}")
+        sys.exit()
     for ctx in ("{k}+", "{other}+{k}="):
         print(ctx, "probe", json.dumps(value_probe(model, make_tokenizer(), kv, ctx)))
         print(ctx, "logit lens", json.dumps(logit_lens(model, make_tokenizer(), kv, ctx)))

@@ -16,21 +16,23 @@ from .base import INJECT
 from .data import evaluate, random_key, render
 
 
-def augment_sampler(values: dict[str, int], operands: int, lookup: float = 0.3):
+def augment_sampler(values: dict[str, int], operands: int, lookup: float = 0.3, at_last_letter: bool = False):
     """KV-SUBS and single lookups; every key's value is also read by the value heads at the
-    character right after the key (the operator or "="), where the bridge will look for it."""
+    character right after the key (the operator or "="), where the bridge will look for it, and
+    with at_last_letter also at the key's own last letter."""
     keys = list(values)
 
     def sample(rng: random.Random):
         if rng.random() < lookup:
             k = rng.choice(keys)
-            return [(k, False), ("=", False, values[k]), (str(values[k]), True)]
+            key = (k, False, values[k]) if at_last_letter else (k, False)
+            return [key, ("=", False, values[k]), (str(values[k]), True)]
         n = rng.randint(2, operands) if operands > 2 else 2
         ks = [rng.choice(keys) for _ in range(n)]
         ops = [rng.choice("+-") for _ in range(n - 1)]
         segs = []
         for k, after in zip(ks, ops + ["="]):
-            segs += [(k, False), (after, False, values[k])]
+            segs += [(k, False, values[k]) if at_last_letter else (k, False), (after, False, values[k])]
         return segs + [(render([values[k] for k in ks], ops), True)]
 
     return sample

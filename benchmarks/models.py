@@ -61,12 +61,24 @@ class Setup:
         return self.calm.augments[0].model
 
 
+def fused_gelu(model):
+    """GPT-2's default "gelu_new" is the tanh-approximated GELU written as five Python-level tensor
+    ops; "gelu_pytorch_tanh" is the same formula in one fused kernel (as x-transformers' nn.GELU).
+    On CPU the unfused one costs a quarter of a training step of these frozen models."""
+    from transformers.activations import ACT2FN
+
+    model.config.activation_function = "gelu_pytorch_tanh"
+    for block in model.transformer.h:
+        block.mlp.act = ACT2FN["gelu_pytorch_tanh"]
+    return model
+
+
 def anchor_model(shapes: Shapes):
-    return tiny_model("gpt2", shapes.vocab, *shapes.anchor, seed=0, max_positions=shapes.max_positions)
+    return fused_gelu(tiny_model("gpt2", shapes.vocab, *shapes.anchor, seed=0, max_positions=shapes.max_positions))
 
 
 def augment_model(shapes: Shapes):
-    return tiny_model("gpt2", shapes.vocab, *shapes.augment, seed=1, max_positions=shapes.max_positions)
+    return fused_gelu(tiny_model("gpt2", shapes.vocab, *shapes.augment, seed=1, max_positions=shapes.max_positions))
 
 
 def layer_pairs(shapes: Shapes) -> list[tuple[int, int]]:
@@ -90,8 +102,8 @@ def compose_char_augment(setup: Setup) -> ComposedLM:
     """Our anchor with an augment of the same shape that reads characters: composition across two
     tokenizers, where generation re-tokenizes the text for the augment at every step."""
     chars = char_tokenizer()
-    augment = tiny_model("gpt2", max(setup.shapes.vocab, len(chars)), *setup.shapes.augment, seed=1,
-                         max_positions=setup.shapes.max_positions)
+    augment = fused_gelu(tiny_model("gpt2", max(setup.shapes.vocab, len(chars)), *setup.shapes.augment, seed=1,
+                                    max_positions=setup.shapes.max_positions))
     calm = ComposedLM((setup.anchor, setup.tokenizer), [(augment, chars)], CALMConfig(every=setup.shapes.every))
     return open_gates(calm)
 

@@ -245,7 +245,9 @@ def _eval_choices(session: LabSession):
     choices = list(preset.eval_files) if preset else []
     paper = preset.comparison_markdown() if preset else ""
     data = list(preset.data_files) if preset else []
-    return gr.update(choices=choices, value=choices[0] if choices else None), paper, gr.update(choices=data, value=None)
+    metrics = [m for m in preset.metrics if m in METRICS] if preset else ["exact_match", "loss"]
+    return (gr.update(choices=choices, value=choices[0] if choices else None), paper, gr.update(choices=data, value=None),
+            gr.update(value=metrics))
 
 
 @gpu
@@ -380,7 +382,7 @@ def build_app() -> gr.Blocks:
 
         model_outs = [session, models, bridge_md, diagram, layers_off, attn_layer, examples]
         data_outs = [preview_df, data_note, prompt_col, completion_col, text_col]
-        eval_outs = [eval_choice, paper_md, preset_data]
+        eval_outs = [eval_choice, paper_md, preset_data, metrics]
         demo.load(start, [preset], model_outs + data_outs + eval_outs, api_name="start")
         preset_btn.click(use_preset, [session, preset], model_outs + data_outs + eval_outs, api_name="use_preset")
         build_btn.click(build, [session, anchor, augments, every, anchor_layers, augment_layers, heads, gate], model_outs,

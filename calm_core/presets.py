@@ -4,7 +4,8 @@ the app starts offline with something that works.
 Layout of presets/<name>/: anchor/ and augment/ (save_pretrained model + tokenizer), bridge/
 (ComposedLM.save_pretrained), data/*.jsonl, and preset.json with at least a title and a
 description; optional: example_prompts, eval_files {label: path}, table, paper_table,
-max_new_tokens, prompt_mode ("completion" or "chat")."""
+max_new_tokens, prompt_mode ("completion" or "chat"), paper_table_title, metrics (the
+evaluation metrics that suit the preset's data, e.g. ["chrf", "bleu"] for translation)."""
 from __future__ import annotations
 
 import json
@@ -33,6 +34,8 @@ class Preset:
     paper_table: dict | None = None
     max_new_tokens: int = 16
     prompt_mode: str = "completion"
+    paper_table_title: str = "Reproduction of the paper's Table 1 (accuracy %)"
+    metrics: list[str] = field(default_factory=lambda: ["exact_match", "loss"])
 
     @property
     def train_file(self) -> Path | None:
@@ -53,7 +56,7 @@ class Preset:
         for row, values in paper.items():
             cells = [f"{_number(ours.get(row, {}).get(c))} / {_number(values.get(c))}" for c in columns]
             lines.append(f"| {row} | " + " | ".join(cells) + " |")
-        return "### Reproduction of the paper's Table 1 (accuracy %)\n" + "\n".join(lines)
+        return f"### {self.paper_table_title}\n" + "\n".join(lines)
 
 
 
@@ -80,6 +83,7 @@ def load_preset(name: str, root: Path | None = None) -> Preset:
         data_files=data_files, eval_files=eval_files, example_prompts=list(meta.get("example_prompts", [])),
         table=meta.get("table"), paper_table=meta.get("paper_table"),
         max_new_tokens=int(meta.get("max_new_tokens", 16)), prompt_mode=meta.get("prompt_mode", "completion"),
+        **{k: meta[k] for k in ("paper_table_title", "metrics") if meta.get(k)},
     )
 
 

@@ -27,6 +27,7 @@ def write_tiny_preset(root: Path, name: str = "tiny") -> Path:
         "eval_files": {"reverse (held out)": "data/test.jsonl"}, "max_new_tokens": 6,
         "table": {"KV-MATH": {"m_A": 1.0, "m_B": 0.0, "CALM": 50.0}},
         "paper_table": {"KV-MATH": {"m_A": 0.7, "m_B": 0.0, "CALM": 84.3}},
+        "paper_table_title": "The tiny table beside the paper's", "metrics": ["exact_match", "chrf"],
     }))
     return folder
 

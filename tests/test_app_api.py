@@ -84,6 +84,8 @@ def test_start_loads_the_preset_like_the_page_does(app_url):  # noqa: F811
     assert [r[0] for r in rows] == ["anchor", "augment 0", "bridge"]
     assert "trainable parameters" in out[1]
     assert out[11]["value"] == "reverse (held out)"  # the preset's evaluation set is picked
+    assert out[12].startswith("### The tiny table beside the paper's") and "84.3" in out[12]
+    assert out[14]["value"] == ["exact_match", "chrf"]  # and the metrics that suit it
     assert "40 training and 10 validation" in out[7]
 
 

@@ -113,6 +113,51 @@ def test_anchor_names_are_never_keys_and_their_values_are_injected():
     assert injected.sum() == sum(seg[0].isalpha() for ex in examples[:8] for seg in ex)
 
 
+def test_interchange_pairs_align_operators_and_never_use_keys():
+    import random
+
+    from demos.kv_arithmetic.interface import interchange_pair
+
+    kv = D.make_kv(100, seed=0)
+    rng = random.Random(0)
+    for _ in range(300):
+        donor, recipient, answer, pairs = interchange_pair(rng, 100, set(kv.values))
+        assert re.fullmatch(r"\d+[+-]\d+=", donor) and recipient.endswith("=") and pairs
+        nums = [int(x) for x in re.findall(r"\d+", donor)]
+        assert answer == str(nums[0] + nums[1] if "+" in donor else nums[0] - nums[1])
+        for r, d, value in pairs:
+            assert recipient[r] == donor[d] and recipient[r] in "+-="
+            assert value == nums[0 if donor[d] != "=" else 1]
+        names = re.findall(KEY, recipient)
+        assert names and not set(names) & set(kv.values)
+
+
+def test_anchor_interface_adds_values_only_where_named_and_leaves_the_model_clean():
+    import random
+
+    import torch
+
+    from demos.kv_arithmetic.base import build_model, make_tokenizer
+    from demos.kv_arithmetic.interface import AnchorInterface, InterfaceSettings, interchange_pair
+
+    tok = make_tokenizer()
+    model = build_model(tok, layers=2, width=32, seed=0).eval()
+    probe = torch.tensor([[tok.bos_token_id] + [tok.get_vocab()[c] for c in "12+3=15"]])
+    before = model(input_ids=probe, output_hidden_states=True).logits  # transformers adds its capture hooks
+    hooks = [len(b._forward_hooks) for b in model.model.layers]
+    interface = AnchorInterface(model, tok, InterfaceSettings(layer=0, steps=2, batch=4, codes=True, anneal=0.5, aux=0.5))
+    rng = random.Random(0)
+    plain = [interchange_pair(rng, 50, set(), named=False) for _ in range(3)]
+    with torch.no_grad():
+        donor, recipient, _, _ = interface.run(plain)  # nothing named: the recipient is the donor
+    torch.testing.assert_close(donor.logits, recipient.logits)
+    history = interface.train(set(), log=lambda m: None)
+    assert history[-1]["step"] == 2 and 0 <= history[-1]["oracle"] <= 1
+    assert not any(p.requires_grad for p in model.parameters())
+    assert [len(b._forward_hooks) for b in model.model.layers] == hooks
+    assert not torch.equal(model(input_ids=probe).logits, before)  # trained, and no hook left behind
+
+
 def test_kv_smoke_pipeline(tmp_path):
     from demos.kv_arithmetic.pipeline import Settings, run
 

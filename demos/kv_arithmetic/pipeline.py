@@ -30,7 +30,7 @@ class Settings:
     anchor_layers: int = 4
     width: int = 128
     augment_steps: int = 1500
-    anchor_steps: int = 3000
+    anchor_steps: int = 2000
     augment_batch: int = 128
     anchor_batch: int = 256
     base_lr: float = 3e-3

@@ -37,6 +37,7 @@ class TrainConfig:
     grad_accum: int = 1
     warmup_steps: int = 20
     weight_decay: float = 0.0
+    gate_lr_scale: float = 1.0  # the tanh gates' learning rate is lr * gate_lr_scale (a closed gate opens slowly)
     grad_clip: float = 1.0
     log_every: int = 10
     eval_every: int = 50
@@ -57,6 +58,8 @@ class TrainConfig:
                 raise CALMError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}.")
         if self.lr <= 0:
             raise CALMError(f"TrainConfig.lr must be > 0, got {self.lr}.")
+        if self.gate_lr_scale <= 0:
+            raise CALMError(f"TrainConfig.gate_lr_scale must be > 0, got {self.gate_lr_scale}.")
         if self.batch_size % self.grad_accum:
             raise CALMError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}.")
 
@@ -118,8 +121,12 @@ class Trainer:
         self.val_rows, val_truncated = prepare(calm, (validation or [])[: self.config.eval_examples],
                                                self.config.max_length, self.config.append_eos)
         self.truncated = truncated + val_truncated
-        params = list(calm.bridge.parameters())
-        self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay)
+        named = list(calm.bridge.named_parameters())
+        gates = [p for n, p in named if n.rsplit(".", 1)[-1] == "gate"]
+        groups = [{"params": [p for n, p in named if n.rsplit(".", 1)[-1] != "gate"], "lr_scale": 1.0}]
+        if gates:
+            groups.append({"params": gates, "lr_scale": self.config.gate_lr_scale})
+        self.optimizer = torch.optim.AdamW(groups, lr=self.config.lr, weight_decay=self.config.weight_decay)
         self.step = 0
         self.history: list[dict] = []
         self._stop = threading.Event()
@@ -210,7 +217,7 @@ class Trainer:
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(calm.bridge.parameters(), cfg.grad_clip)
         for group in self.optimizer.param_groups:
-            group["lr"] = cfg.lr * lr_factor(self.step, cfg.warmup_steps, cfg.steps)
+            group["lr"] = cfg.lr * group["lr_scale"] * lr_factor(self.step, cfg.warmup_steps, cfg.steps)
         self.optimizer.step()
         self.step += 1
         loss = self.dist.sum_(loss_sum) / total.clamp(min=1)

@@ -151,3 +151,26 @@ def test_cached_states_mix_chunks_of_different_lengths(calm):
     uncached = calm.augment_states(0, augment.input_ids, augment.attention_mask)
     for got, want in zip(cached[0], uncached):
         torch.testing.assert_close(got[augment.attention_mask], want[augment.attention_mask], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [1.0, 10.0])
+def test_gate_learning_rate_scale_moves_only_the_gates_faster(tokenizers, scale):
+    def first_step(gate_lr_scale):
+        anchor = make_pair("gpt2", tokenizers["char_bos"], layers=2, width=32, seed=1)
+        augment = make_pair("llama", tokenizers["bpe"], layers=2, width=24, seed=2)
+        calm = ComposedLM(anchor, [augment], CALMConfig(every=1))
+        before = {n: p.detach().clone() for n, p in calm.bridge.named_parameters()}
+        Trainer(calm, reverse_task(16, 0), None, config(steps=1, warmup_steps=1, gate_lr_scale=gate_lr_scale)).train()
+        return {n: (p.detach() - before[n]).abs().max() for n, p in calm.bridge.named_parameters()}
+
+    base, scaled = first_step(1.0), first_step(scale)
+    for name in base:
+        ratio = scale if name.endswith(".gate") else 1.0
+        torch.testing.assert_close(scaled[name], base[name] * ratio, rtol=1e-4, atol=1e-9)
+
+
+def test_gate_learning_rate_scale_must_be_positive():
+    from calm_core.errors import CALMError
+
+    with pytest.raises(CALMError, match="gate_lr_scale"):
+        TrainConfig(gate_lr_scale=0)

@@ -46,8 +46,10 @@ def text_of(message: dict) -> str:
     return "".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
-def train(client: Client, steps: int, lr: float = 1e-2, batch_size: int = 4) -> tuple:
-    return client.predict(steps, lr, batch_size, api_name="/train")
+def train(client: Client, steps: int, lr: float = 1e-2, batch_size: int = 4, gate_lr_scale: float | None = None) -> tuple:
+    if gate_lr_scale is None:  # the widget's default
+        return client.predict(steps, lr, batch_size, api_name="/train")
+    return client.predict(steps, lr, batch_size, gate_lr_scale, api_name="/train")
 
 
 def plotly_data(plot) -> list:
@@ -317,3 +319,12 @@ def test_two_sessions_train_at_once(app_url):  # noqa: F811
     assert train(alone, 30)[0].startswith("Step 30/30")
     assert alone.predict(api_name="/gates")[:2] == gates_a[:2]
     still_works(idle)
+
+
+def test_gate_learning_rate_widget_opens_the_gates_faster(app_url):  # noqa: F811
+    def widest_gate(scale):
+        client = lab(app_url)  # a fresh session on the untrained preset bridge
+        _, _, gate_plot = train(client, 4, 1e-3, 4, gate_lr_scale=scale)
+        return max(abs(y) for trace in plotly_data(gate_plot) for y in trace.get("y", []) if isinstance(y, (int, float)))
+
+    assert widest_gate(30.0) > 5 * widest_gate(1.0)

@@ -197,8 +197,8 @@ class AnchorInterface:
                 if opt_codes is not None:
                     opt_codes.step()
                 if (step + 1) % max(1, s.steps // 8) == 0 or step + 1 == s.steps:
-                    rec = {"step": step + 1, "alpha": self.alpha, "donor_loss": float(donor.loss),
-                           "recipient_loss": float(recipient.loss), **self.accuracy(forbidden),
+                    rec = {"step": step + 1, "alpha": self.alpha, "donor_loss": float(donor.loss.detach()),
+                           "recipient_loss": float(recipient.loss.detach()), **self.accuracy(forbidden),
                            "seconds": time.perf_counter() - t0}
                     history.append(rec)
                     log(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()))

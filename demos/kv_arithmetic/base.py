@@ -18,9 +18,12 @@ must learn to drive from m_A's states.
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import math
 import random
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -33,6 +36,43 @@ from .data import ALPHABET
 Segments = list[tuple]  # (text, is_target[, value at the text's last character[, INJECT]])
 INJECT = "inject"
 PLACES = 3  # digits of a value the value heads read: hundreds, tens, units
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def save_model(model, tokenizer, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+
+
+def load_model(directory: Path):
+    from transformers import AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(directory).eval(), AutoTokenizer.from_pretrained(directory)
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls) -> None:
+    """One --flag per field of a settings dataclass; None means "not given"."""
+    defaults = settings_cls()
+    for f in dataclasses.fields(settings_cls):
+        flag, value = "--" + f.name.replace("_", "-"), getattr(defaults, f.name)
+        if isinstance(value, bool):
+            parser.add_argument(flag, action="store_true", default=None)
+        elif isinstance(value, list):
+            parser.add_argument(flag, type=int, nargs="+", default=None)
+        else:
+            parser.add_argument(flag, type=type(value), default=None)
+
+
+def apply_arguments(settings, args: argparse.Namespace):
+    """The settings with every field given on the command line replaced."""
+    for f in dataclasses.fields(settings):
+        if getattr(args, f.name, None) is not None:
+            setattr(settings, f.name, getattr(args, f.name))
+    return settings
 
 
 def make_tokenizer():

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from . import data as D
-from .base import lr_at
+from .base import add_settings_arguments, apply_arguments, lr_at
 
 PLACES_CODES = 30  # hundreds, tens, units: ten embeddings each
 
@@ -210,23 +210,16 @@ class AnchorInterface:
 
 
 def main(argv=None) -> None:
-    from .pipeline import ROW_FILES, Settings, accuracy, compose, load_model, log, save_model
+    from .base import load_model, log, save_model
+    from .pipeline import ROW_FILES, Settings, accuracy, compose
 
     p = argparse.ArgumentParser(prog="python -m demos.kv_arithmetic.interface", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("preset", help="a KV preset folder (anchor/, augment/, data/)")
     p.add_argument("out")
-    for f in InterfaceSettings.__dataclass_fields__.values():
-        value = getattr(InterfaceSettings(), f.name)
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            p.add_argument(flag, action="store_true", default=None)
-        elif isinstance(value, list):
-            p.add_argument(flag, type=int, nargs="+", default=None)
-        else:
-            p.add_argument(flag, type=type(value), default=None)
+    add_settings_arguments(p, InterfaceSettings)
     args = p.parse_args(argv)
-    s = InterfaceSettings(**{k: v for k, v in vars(args).items() if k in InterfaceSettings.__dataclass_fields__ and v is not None})
+    s = apply_arguments(InterfaceSettings(), args)
     torch.set_num_threads(s.threads)
     root, out = Path(args.preset), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from . import data as D
-from .base import build_model, exact_match_bare, make_tokenizer, train_lm
+from .base import (add_settings_arguments, apply_arguments, build_model, exact_match_bare, load_model, log,
+                   make_tokenizer, save_model, train_lm)
 from .recipes import anchor_sampler, augment_sampler
 
 
@@ -64,10 +65,6 @@ class Settings:
                    compose_batch=8, compose_examples=60, finetune_steps=10, eval_examples=12)
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
 # ---- 1. data ---------------------------------------------------------------------------------
 
 def make_data(s: Settings, out: Path) -> dict:
@@ -101,18 +98,6 @@ def make_data(s: Settings, out: Path) -> dict:
 
 
 # ---- 2. base models --------------------------------------------------------------------------
-
-def save_model(model, tokenizer, directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory, safe_serialization=True)
-    tokenizer.save_pretrained(directory)
-
-
-def load_model(directory: Path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    return AutoModelForCausalLM.from_pretrained(directory).eval(), AutoTokenizer.from_pretrained(directory)
-
 
 BASE_TITLES = {"augment": "m_A (augmenting: knows D_KV, no arithmetic)",
                "anchor": "m_B (anchor: arithmetic, never a key of D_KV)"}
@@ -177,7 +162,7 @@ def train_base(s: Settings, kv: D.KVSpace, files: dict, out: Path) -> dict:
 
 # ---- 3. composition (the bridge; calm_core's Trainer) ----------------------------------------
 
-def compose(s: Settings, anchor, augment, tokenizer, files: dict, out_dir: Path | None, label: str = "CALM"):
+def compose(s, anchor, augment, tokenizer, files: dict, out_dir: Path | None, label: str = "CALM"):
     """Train a bridge between the frozen anchor and augmenting models on the composition data."""
     from calm_core import CALMConfig, ComposedLM
     from calm_core.data import Example
@@ -204,7 +189,7 @@ def compose(s: Settings, anchor, augment, tokenizer, files: dict, out_dir: Path 
 
 # ---- 4. control: the anchor fine-tuned directly on the same composition data -----------------
 
-def finetune_anchor(s: Settings, anchor_dir: Path, files: dict):
+def finetune_anchor(s, anchor_dir: Path, files: dict, data_name: str = "the composition data"):
     """Full fine-tuning of a copy of m_B on the composition data (train keys only): it can learn
     the training keys' values, never the held-out ones."""
     model, tok = load_model(anchor_dir)
@@ -214,7 +199,7 @@ def finetune_anchor(s: Settings, anchor_dir: Path, files: dict):
         prompt, completion = rng.choice(rows)
         return [(prompt, False), (completion, True)]
 
-    log(f"control: fine-tuning m_B on the composition data, {s.finetune_steps} steps")
+    log(f"control: fine-tuning m_B on {data_name}, {s.finetune_steps} steps")
     t = time.perf_counter()
     train_lm(model, tok, sampler, s.finetune_steps, s.compose_batch, s.finetune_lr, warmup=20, seed=s.seed + 31,
              log_every=max(1, s.finetune_steps // 6), log=log)
@@ -318,19 +303,7 @@ def main(argv=None) -> None:
     p.add_argument("--smoke", action="store_true", help="a tiny run (< 1 minute) that exercises every stage")
     p.add_argument("--until", choices=["base"], help="stop after training the base models")
     p.add_argument("--no-controls", action="store_true", help="skip the fine-tuned anchor and random m_A controls")
-    defaults = Settings()
-    for f in Settings.__dataclass_fields__.values():
-        flag = "--" + f.name.replace("_", "-")
-        value = getattr(defaults, f.name)
-        if isinstance(value, bool):
-            p.add_argument(flag, action="store_true", default=None)
-        elif isinstance(value, list):
-            p.add_argument(flag, type=int, nargs="+", default=None)
-        else:
-            p.add_argument(flag, type=type(value), default=None)
+    add_settings_arguments(p, Settings)
     args = p.parse_args(argv)
-    s = Settings.smoke() if args.smoke else Settings()
-    for name in Settings.__dataclass_fields__:
-        if getattr(args, name, None) is not None:
-            setattr(s, name, getattr(args, name))
+    s = apply_arguments(Settings.smoke() if args.smoke else Settings(), args)
     run(s, Path(args.out), controls=not args.no_controls, until=args.until)

@@ -12,13 +12,9 @@ from pathlib import Path
 
 import torch
 
-from demos.kv_arithmetic.base import build_model, train_lm
+from demos.kv_arithmetic.base import build_model, load_model, log, save_model, train_lm
 
 from .language import ALPHABET
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def make_tokenizer():
@@ -26,18 +22,6 @@ def make_tokenizer():
     from calm_core.tiny import char_tokenizer
 
     return char_tokenizer(ALPHABET, add_bos=True)
-
-
-def save_model(model, tokenizer, directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory, safe_serialization=True)
-    tokenizer.save_pretrained(directory)
-
-
-def load_model(directory: Path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    return AutoModelForCausalLM.from_pretrained(directory).eval(), AutoTokenizer.from_pretrained(directory)
 
 
 def monolingual_sampler(render, exclude: set[str]):

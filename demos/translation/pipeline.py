@@ -3,9 +3,9 @@
     python -m demos.translation                    # full pipeline, writes presets/translation/
     python -m demos.translation --smoke --out /tmp/translation_smoke
 
-The base-model trainer, model builder and greedy decoder are the key-value demo's
-(demos.kv_arithmetic.base), imported, not copied; the bridge is trained with calm_core's Trainer
-and every score comes from calm_core.evaluation.
+The base-model trainer and model builder (demos.kv_arithmetic.base), the bridge training with
+calm_core's Trainer and the fine-tuned-anchor control (demos.kv_arithmetic.pipeline) are the
+key-value demo's, imported, not copied; every score comes from calm_core.evaluation.
 """
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ from pathlib import Path
 
 import torch
 
-from demos.kv_arithmetic.base import build_model, train_lm
+from demos.kv_arithmetic.base import add_settings_arguments, apply_arguments, build_model
+from demos.kv_arithmetic.pipeline import compose, finetune_anchor
 
 from . import language as L
-from .base import load_model, log, train_base
+from .base import log, train_base
 from .report import CHRF_HELDOUT as CHRF_HELDOUT_ROW
 
 
@@ -90,50 +91,7 @@ def make_data(s: Settings, out: Path) -> dict:
     return {"language": lang, "splits": splits, "files": files, "coverage": coverage}
 
 
-# ---- 3. composition (the bridge; calm_core's Trainer) ----------------------------------------
-
-def compose(s: Settings, anchor, augment, tokenizer, files: dict, out_dir: Path | None, label: str = "CALM"):
-    """Train a bridge between the frozen anchor and augmenting models on the parallel set."""
-    from calm_core import CALMConfig, ComposedLM
-    from calm_core.data import Example
-    from calm_core.training import TrainConfig, Trainer
-
-    calm = ComposedLM(anchor=(anchor, tokenizer), augments=[(augment, tokenizer)],
-                      config=CALMConfig(anchor_layers=list(s.compose_anchor_layers),
-                                        augment_layers=list(s.compose_augment_layers), gate=s.gate))
-    train = [Example(p, c) for p, c in files["composition_train"]]
-    val = [Example(p, c) for p, c in files["composition_validation"]]
-    config = TrainConfig(steps=s.compose_steps, lr=s.compose_lr, batch_size=s.compose_batch,
-                         warmup_steps=min(20, max(1, s.compose_steps // 10)), eval_every=max(1, s.compose_steps // 4),
-                         log_every=max(1, s.compose_steps // 8), seed=s.seed, progress=False)
-    log(f"{label}: training the bridge ({calm.num_parameters()[0]:,d} parameters), {s.compose_steps} steps")
-    t = time.perf_counter()
-    result = Trainer(calm, train, val, config,
-                     callback=lambda r: log(f"  {label} step {r['step']} loss={r['loss']:.4f} val={r['val_loss']}")).train()
-    seconds = time.perf_counter() - t
-    if out_dir is not None:
-        calm.save_pretrained(out_dir)
-    return calm, {"seconds": seconds, "history": result.history}
-
-
-# ---- 4. control: the anchor fine-tuned directly on the same parallel set --------------------
-
-def finetune_anchor(s: Settings, anchor_dir: Path, files: dict):
-    """Full fine-tuning of a copy of m_B on the parallel set: it must learn the made-up language
-    from those few hundred sentences alone."""
-    model, tok = load_model(anchor_dir)
-    rows = files["composition_train"]
-
-    def sampler(rng):
-        prompt, completion = rng.choice(rows)
-        return [(prompt, False), (completion, True)]
-
-    log(f"control: fine-tuning m_B on the parallel set, {s.finetune_steps} steps")
-    t = time.perf_counter()
-    train_lm(model, tok, sampler, s.finetune_steps, s.compose_batch, s.finetune_lr, warmup=20, seed=s.seed + 31,
-             log_every=max(1, s.finetune_steps // 6), log=log)
-    return model, time.perf_counter() - t
-
+# ---- 3-4. the bridge and the fine-tuned-anchor control: the key-value demo's, on the parallel set
 
 def random_english_baseline(lang, references: list[str], seed: int) -> dict:
     """chrF / BLEU of a random sentence of the English grammar against each reference: what
@@ -182,7 +140,7 @@ def run(s: Settings, out: Path, controls: bool = True, until: str | None = None)
     columns = {"m_A": (A, tok), "m_B": (B, tok), "CALM": (calm, None)}
     times = {**base["times"], "compose_s": comp["seconds"]}
     if controls:
-        tuned, times["finetune_s"] = finetune_anchor(s, out / "anchor", files)
+        tuned, times["finetune_s"] = finetune_anchor(s, out / "anchor", files, "the parallel set")
         random_a = build_model(tok, s.layers, s.width, seed=s.seed + 99, max_positions=128).eval()
         calm_random, rand = compose(s, B, random_a, tok, files, None, label="CALM with random m_A")
         times["compose_random_s"] = rand["seconds"]
@@ -234,19 +192,7 @@ def main(argv=None) -> None:
     p.add_argument("--smoke", action="store_true", help="a tiny run (< 1 minute) that exercises every stage")
     p.add_argument("--until", choices=["base"], help="stop after training the base models")
     p.add_argument("--no-controls", action="store_true", help="skip the fine-tuned anchor and random m_A controls")
-    defaults = Settings()
-    for f in Settings.__dataclass_fields__.values():
-        flag = "--" + f.name.replace("_", "-")
-        value = getattr(defaults, f.name)
-        if isinstance(value, bool):
-            p.add_argument(flag, action="store_true", default=None)
-        elif isinstance(value, list):
-            p.add_argument(flag, type=int, nargs="+", default=None)
-        else:
-            p.add_argument(flag, type=type(value), default=None)
+    add_settings_arguments(p, Settings)
     args = p.parse_args(argv)
-    s = Settings.smoke() if args.smoke else Settings()
-    for name in Settings.__dataclass_fields__:
-        if getattr(args, name, None) is not None:
-            setattr(s, name, getattr(args, name))
+    s = apply_arguments(Settings.smoke() if args.smoke else Settings(), args)
     run(s, Path(args.out), controls=not args.no_controls, until=args.until)

@@ -9,6 +9,8 @@ import json
 import time
 from pathlib import Path
 
+from demos.kv_arithmetic.base import log
+
 COLUMNS = ["m_A", "m_B", "CALM", "m_B fine-tuned (parallel set)", "CALM with random m_A"]
 CHRF_HELDOUT = "chrF, held-out sentences"
 WORD_ROWS = ["grammatical English %", "subject noun right %", "verb right %", "object noun right %"]
@@ -21,10 +23,6 @@ PAPER_TABLE = {
     "FLORES-200 taq -> en chrF (paper only)": {"m_A": 46.9, "m_B": 44.6, "CALM": 55.1},
     "FLORES-200 ban -> en chrF (paper only)": {"m_A": 4.1, "m_B": 5.4, "CALM": 11.8},
 }
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def word_scores(lang, predicted: list[str], sentences: list) -> dict:

@@ -10,6 +10,7 @@ import tempfile
 import gradio as gr
 
 from calm_core import CALMConfig, CALMError, figures
+from calm_core.config import GATE_TYPES, INSERT_POINTS
 from calm_core.data import preview
 from calm_core.evaluation import METRICS
 from calm_core.lab import LabSession, layer_labels, model_rows
@@ -78,7 +79,8 @@ def _model_outputs(session: LabSession):
     labels = layer_labels(calm)
     trainable, total = calm.num_parameters()
     summary = (f"**Bridge:** {trainable:,} trainable parameters — {100 * trainable / total:.2f}% of all "
-               f"{total:,}; {len(labels)} composition layers, gate type `{calm.config.gate}`.")
+               f"{total:,}; {len(labels)} composition layers, gate type `{calm.config.gate}`, "
+               f"added {calm.config.insert} each anchor layer.")
     diagram = figures.layer_diagram(calm.anchor.info.num_layers, [m.info.num_layers for m in calm.augments],
                                     calm.layer_pairs(), calm.anchor.info.name, [m.info.name for m in calm.augments])
     preset = session.preset
@@ -103,12 +105,12 @@ def use_preset(session, preset_name):
 
 
 @friendly
-def build(session, anchor, augments, every, anchor_layers, augment_layers, heads, gate):
+def build(session, anchor, augments, every, anchor_layers, augment_layers, heads, gate, insert="after"):
     session = session or LabSession()
     parse = lambda text: [int(x) for x in text.replace(" ", "").split(",") if x] or None
     try:
         config = CALMConfig(every=int(every), anchor_layers=parse(anchor_layers), augment_layers=parse(augment_layers),
-                            num_heads=int(heads) or None, gate=gate)
+                            num_heads=int(heads) or None, gate=gate, insert=insert or "after")
     except ValueError:
         raise CALMError("Layers are comma-separated integers, e.g. 1,3.") from None
     session.build(anchor, augments.replace(",", "\n").splitlines(), config)
@@ -291,7 +293,9 @@ def build_app() -> gr.Blocks:
                         anchor_layers = gr.Textbox(label="explicit anchor layers (e.g. 1,3)")
                         augment_layers = gr.Textbox(label="explicit augmenting layers")
                         heads = gr.Number(0, label="heads (0 = anchor's)", precision=0)
-                        gate = gr.Radio(["channel", "scalar", "none"], value="channel", label="gate")
+                        gate = gr.Radio(list(GATE_TYPES), value="channel", label="gate")
+                        insert = gr.Radio(list(INSERT_POINTS), value="after",
+                                          label="bridge at each anchor layer's output (after) or input (before)")
                     build_btn = gr.Button("Compose")
                 models = gr.Dataframe(headers=MODEL_HEADERS, label="Models", interactive=False)
                 bridge_md = gr.Markdown()
@@ -387,7 +391,8 @@ def build_app() -> gr.Blocks:
         eval_outs = [eval_choice, paper_md, preset_data, metrics]
         demo.load(start, [preset], model_outs + data_outs + eval_outs, api_name="start")
         preset_btn.click(use_preset, [session, preset], model_outs + data_outs + eval_outs, api_name="use_preset")
-        build_btn.click(build, [session, anchor, augments, every, anchor_layers, augment_layers, heads, gate], model_outs,
+        build_btn.click(build, [session, anchor, augments, every, anchor_layers, augment_layers, heads, gate, insert],
+                        model_outs,
                         api_name="build")
         upload.change(inspect_upload, [session, upload], data_outs, api_name="inspect_upload")
         use_data_btn.click(use_data, [session, upload, preset_data, prompt_col, completion_col, text_col, val_fraction],

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from .config import CALMConfig
+from .config import GATE_TYPES, INSERT_POINTS, CALMConfig
 from .errors import CALMError
 
 
@@ -28,7 +28,9 @@ def _add_bridge_shape(p: argparse.ArgumentParser) -> None:
     p.add_argument("--anchor-layers", type=_int_list, default=None, help="e.g. 3,7,11")
     p.add_argument("--augment-layers", type=_int_list, default=None)
     p.add_argument("--heads", type=int, default=None)
-    p.add_argument("--gate", default="channel", choices=["channel", "scalar", "none"])
+    p.add_argument("--gate", default="channel", choices=list(GATE_TYPES))
+    p.add_argument("--insert", default="after", choices=list(INSERT_POINTS),
+                   help="the bridge reads and writes each anchor layer's output (after) or input (before)")
 
 
 def _int_list(text: str) -> list[int]:
@@ -121,7 +123,7 @@ def _parse(argv) -> argparse.Namespace:
 
 def _calm_config(args) -> CALMConfig:
     return CALMConfig(every=args.every, anchor_layers=args.anchor_layers, augment_layers=args.augment_layers,
-                      num_heads=args.heads, gate=args.gate)
+                      num_heads=args.heads, gate=args.gate, insert=args.insert)
 
 
 def _dtype(name):

@@ -184,23 +184,36 @@ class ComposedLM:
                 if scales[offset + local]:
                     blocks_by_layer.setdefault(anchor_layer, []).append((offset + local, block, mem, visible))
 
-        def inject(entries):
+        def add_bridge(hidden, entries):
+            for index, block, mem, visible in entries:
+                sink = [] if recorded is not None else None
+                hidden = hidden + block(hidden, mem, visible, scales[index], sink)
+                if sink:
+                    recorded[index] = sink[0]
+            return hidden
+
+        def after(entries):
             def hook(module, args, output):
-                hidden = output[0] if isinstance(output, tuple) else output
-                for index, block, mem, visible in entries:
-                    sink = [] if recorded is not None else None
-                    hidden = hidden + block(hidden, mem, visible, scales[index], sink)
-                    if sink:
-                        recorded[index] = sink[0]
+                hidden = add_bridge(output[0] if isinstance(output, tuple) else output, entries)
                 return (hidden,) + tuple(output[1:]) if isinstance(output, tuple) else hidden
+            return hook
+
+        def before(entries):
+            def hook(module, args, kwargs):
+                if args:
+                    return (add_bridge(args[0], entries), *args[1:]), kwargs
+                return args, {**kwargs, "hidden_states": add_bridge(kwargs["hidden_states"], entries)}
             return hook
 
         model = self.anchor.model
         with model_lock(model):
-            handles = [
-                self.anchor.layers[layer].register_forward_hook(inject(entries), prepend=True)
-                for layer, entries in blocks_by_layer.items()
-            ]
+            if self.config.insert == "before":
+                handles = [self.anchor.layers[layer].register_forward_pre_hook(before(entries), with_kwargs=True,
+                                                                               prepend=True)
+                           for layer, entries in blocks_by_layer.items()]
+            else:
+                handles = [self.anchor.layers[layer].register_forward_hook(after(entries), prepend=True)
+                           for layer, entries in blocks_by_layer.items()]
             try:
                 out = model(
                     input_ids=input_ids,

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from .errors import CALMError
 
 GATE_TYPES = ("channel", "scalar", "none")
+INSERT_POINTS = ("after", "before")
 
 
 @dataclass
@@ -22,6 +23,9 @@ class CALMConfig:
                     layer, starts at 0) or "none" (the paper's plain residual add).
     norm:           LayerNorm on the anchor queries and on the augmenting states before they are
                     projected; keeps the bridge stable when residual streams have large norms.
+    insert:         "after": each block reads and writes the output of its anchor layer (the
+                    paper); "before": the input of it, so anchor layer 0 means the token
+                    embeddings: the bridge then hands the anchor something in the form of a token.
     """
 
     every: int = 4
@@ -30,8 +34,11 @@ class CALMConfig:
     num_heads: int | None = None
     gate: str = "channel"
     norm: bool = True
+    insert: str = "after"
 
     def __post_init__(self):
+        if self.insert not in INSERT_POINTS:
+            raise CALMError(f"CALMConfig.insert must be one of {INSERT_POINTS}, got {self.insert!r}.")
         if self.gate not in GATE_TYPES:
             raise CALMError(f"CALMConfig.gate must be one of {GATE_TYPES}, got {self.gate!r}.")
         if not isinstance(self.every, int) or self.every < 1:

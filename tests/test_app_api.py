@@ -236,12 +236,12 @@ def test_no_data_chosen(client):
 def test_unknown_model(client, tmp_path):
     missing = tmp_path / "no-such-model"
     with pytest.raises(AppError, match="Could not load model") as error:
-        client.predict(str(missing), str(missing), 1, "", "", 0, "channel", api_name="/build")
+        client.predict(str(missing), str(missing), 1, "", "", 0, "channel", "after", api_name="/build")
     assert str(missing) in str(error.value)
     with pytest.raises(AppError, match="comma-separated integers"):
-        client.predict(str(missing), str(missing), 1, "one,two", "", 0, "channel", api_name="/build")
+        client.predict(str(missing), str(missing), 1, "one,two", "", 0, "channel", "after", api_name="/build")
     with pytest.raises(AppError, match="Choose an anchor model"):
-        client.predict("", "", 1, "", "", 0, "channel", api_name="/build")
+        client.predict("", "", 1, "", "", 0, "channel", "after", api_name="/build")
     still_works(client)  # the preset's composition is still in place
     assert len(client.predict(api_name="/gates")) == 3
 

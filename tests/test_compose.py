@@ -14,11 +14,11 @@ PAIRS = list(zip(ARCHITECTURES, ARCHITECTURES[1:] + ARCHITECTURES[:1]))
 TOKENIZERS = {"shared": ("char_bos", "char_bos"), "different": ("char_bos", "bpe"), "bpe_anchor": ("bpe_bos", "char")}
 
 
-def build(tokenizers, anchor_arch, augment_arch, mode, gate="channel"):
+def build(tokenizers, anchor_arch, augment_arch, mode, gate="channel", insert="after"):
     anchor_tok, augment_tok = TOKENIZERS[mode]
     anchor = make_pair(anchor_arch, tokenizers[anchor_tok], layers=4, width=32, seed=1)
     augment = make_pair(augment_arch, tokenizers[augment_tok], layers=2, width=16, heads=2, seed=2)
-    return ComposedLM(anchor, [augment], CALMConfig(every=1, gate=gate))
+    return ComposedLM(anchor, [augment], CALMConfig(every=1, gate=gate, insert=insert))
 
 
 def anchor_alone(calm, texts):
@@ -29,11 +29,12 @@ def anchor_alone(calm, texts):
 TEXTS = ["the quick brown fox", "naïve café: 12 + 30 = 42", "a"]
 
 
+@pytest.mark.parametrize("insert", ["after", "before"])
 @pytest.mark.parametrize("mode", list(TOKENIZERS))
 @pytest.mark.parametrize("anchor_arch, augment_arch", PAIRS)
 @torch.no_grad()
-def test_closed_gates_give_the_anchor_exactly(tokenizers, anchor_arch, augment_arch, mode):
-    calm = build(tokenizers, anchor_arch, augment_arch, mode)
+def test_closed_gates_give_the_anchor_exactly(tokenizers, anchor_arch, augment_arch, mode, insert):
+    calm = build(tokenizers, anchor_arch, augment_arch, mode, insert=insert)
     composed, reference = calm.logits(TEXTS), anchor_alone(calm, TEXTS)
     mask = calm.encode(TEXTS).anchor.attention_mask
     assert composed.shape == reference.shape
@@ -61,11 +62,12 @@ EDITS = [
 ]
 
 
+@pytest.mark.parametrize("insert", ["after", "before"])
 @pytest.mark.parametrize("mode", list(TOKENIZERS))
 @pytest.mark.parametrize("anchor_arch, augment_arch", PAIRS[:4])
 @torch.no_grad()
-def test_no_information_flows_from_the_future(tokenizers, anchor_arch, augment_arch, mode):
-    calm = randomize_bridge(build(tokenizers, anchor_arch, augment_arch, mode))
+def test_no_information_flows_from_the_future(tokenizers, anchor_arch, augment_arch, mode, insert):
+    calm = randomize_bridge(build(tokenizers, anchor_arch, augment_arch, mode, insert=insert))
     for a, b in EDITS:
         n = prefix_positions(calm, a, b)
         assert n > 0
@@ -74,6 +76,33 @@ def test_no_information_flows_from_the_future(tokenizers, anchor_arch, augment_a
         # ... while the bridge does change those positions: the test would notice a leak.
         with calm.gate_scale(0):
             assert not torch.allclose(calm.logits([a])[0, :n], la, atol=1e-4)
+
+
+@pytest.mark.parametrize("anchor_arch", ARCHITECTURES)
+@torch.no_grad()
+def test_before_a_layer_is_after_the_one_below(tokenizers, anchor_arch):
+    """insert="before" at anchor layer j + 1 is the same point as insert="after" at layer j, and
+    "before" layer 0 writes into the token embeddings (the first layer's input)."""
+    anchor = make_pair(anchor_arch, tokenizers["char_bos"], layers=3, width=32, seed=1)
+    augment = make_pair("llama", tokenizers["char_bos"], layers=2, width=16, heads=2, seed=2)
+    after = randomize_bridge(ComposedLM(anchor, [augment], CALMConfig(anchor_layers=[0, 1], augment_layers=[0, 1])))
+    before = ComposedLM(anchor, [augment], CALMConfig(anchor_layers=[1, 2], augment_layers=[0, 1], insert="before"))
+    before.bridge.load_state_dict(after.bridge.state_dict())
+    torch.testing.assert_close(before.logits(TEXTS), after.logits(TEXTS), atol=1e-5, rtol=1e-5)
+    first = ComposedLM(anchor, [augment], CALMConfig(anchor_layers=[0], augment_layers=[1], insert="before"))
+    randomize_bridge(first)
+    seen = {}
+
+    def look(module, args, kwargs):
+        seen["input"] = args[0] if args else kwargs["hidden_states"]
+
+    handle = first.anchor.layers[0].register_forward_pre_hook(look, with_kwargs=True)
+    try:
+        first.logits(["hello"])
+    finally:
+        handle.remove()
+    embeddings = anchor[0].get_input_embeddings()(first.encode(["hello"]).anchor.input_ids)
+    assert seen["input"].shape == embeddings.shape and not torch.allclose(seen["input"], embeddings)
 
 
 @pytest.mark.parametrize("mode", list(TOKENIZERS))

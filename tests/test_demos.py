@@ -113,50 +113,60 @@ def test_anchor_names_are_never_keys_and_their_values_are_injected():
     assert injected.sum() == sum(seg[0].isalpha() for ex in examples[:8] for seg in ex)
 
 
-def test_interchange_pairs_align_operators_and_never_use_keys():
-    import random
+@pytest.mark.parametrize("text, tokens", [
+    ("95+22=117", ["95", "+", "22", "=", "1", "1", "7"]),    # operands whole, the answer digit by digit
+    ("abc+xy=-8", ["a", "b", "c", "+", "x", "y", "=", "-", "8"]),
+    ("qw7-200=", ["q", "w", "7", "-", "200", "="]),
+    ("201+5=", ["2", "0", "1", "+", "5", "="]),              # beyond max_number: digits
+    ("abc=95", ["a", "b", "c", "=", "9", "5"]),
+])
+def test_tokenizer_makes_operands_one_token_and_round_trips(text, tokens):
+    from demos.kv_arithmetic.base import make_tokenizer
 
-    from demos.kv_arithmetic.interface import interchange_pair
-
-    kv = D.make_kv(100, seed=0)
-    rng = random.Random(0)
-    for _ in range(300):
-        donor, recipient, answer, pairs = interchange_pair(rng, 100, set(kv.values))
-        assert re.fullmatch(r"\d+[+-]\d+=", donor) and recipient.endswith("=") and pairs
-        nums = [int(x) for x in re.findall(r"\d+", donor)]
-        assert answer == str(nums[0] + nums[1] if "+" in donor else nums[0] - nums[1])
-        for r, d, value in pairs:
-            assert recipient[r] == donor[d] and recipient[r] in "+-="
-            assert value == nums[0 if donor[d] != "=" else 1]
-        names = re.findall(KEY, recipient)
-        assert names and not set(names) & set(kv.values)
+    tok = make_tokenizer(200)
+    ids = tok(text)["input_ids"]
+    assert ids[0] == tok.bos_token_id and tok.convert_ids_to_tokens(ids[1:]) == tokens
+    assert tok.decode(ids, skip_special_tokens=True) == text
 
 
-def test_anchor_interface_adds_values_only_where_named_and_leaves_the_model_clean():
-    import random
-
+def test_digit_embeddings_are_linear_in_the_digits_and_saved_plain(tmp_path):
     import torch
 
-    from demos.kv_arithmetic.base import build_model, make_tokenizer
-    from demos.kv_arithmetic.interface import AnchorInterface, InterfaceSettings, interchange_pair
+    from demos.kv_arithmetic.base import build_model, load_model, make_tokenizer, save_model
 
-    tok = make_tokenizer()
-    model = build_model(tok, layers=2, width=32, seed=0).eval()
-    probe = torch.tensor([[tok.bos_token_id] + [tok.get_vocab()[c] for c in "12+3=15"]])
-    before = model(input_ids=probe, output_hidden_states=True).logits  # transformers adds its capture hooks
-    hooks = [len(b._forward_hooks) for b in model.model.layers]
-    interface = AnchorInterface(model, tok, InterfaceSettings(layer=0, steps=2, batch=4, codes=True, anneal=0.5, aux=0.5))
+    tok = make_tokenizer(200)
+    model = build_model(tok, layers=1, width=16, seed=0)
+    v = tok.get_vocab()
+    for table in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
+        row = lambda n: table[v[str(n)]]
+        torch.testing.assert_close(row(117) - row(17), row(100) - row(0))  # hundreds add independently
+        torch.testing.assert_close(row(95) - row(5), row(190) - row(100))  # so do tens
+    save_model(model, tok, tmp_path)
+    loaded, loaded_tok = load_model(tmp_path)
+    assert not any("parametrizations" in name for name in loaded.state_dict())
+    torch.testing.assert_close(loaded.get_input_embeddings().weight, model.get_input_embeddings().weight)
+    assert loaded_tok.get_vocab() == v
+
+
+def test_anchor_labels_are_never_keys_and_precede_whole_operands():
+    import random
+
+    from demos.kv_arithmetic.base import encode_segments, make_tokenizer
+    from demos.kv_arithmetic.recipes import anchor_sampler
+
+    kv = D.make_kv(100, seed=0, min_len=1)
+    sample = anchor_sampler(100, 2, forbidden=set(kv.values), labels=0.5)
     rng = random.Random(0)
-    plain = [interchange_pair(rng, 50, set(), named=False) for _ in range(3)]
-    with torch.no_grad():
-        donor, recipient, _, _ = interface.run(plain)  # nothing named: the recipient is the donor
-    torch.testing.assert_close(donor.logits, recipient.logits)
-    history = interface.train(set(), log=lambda m: None)
-    assert history[-1]["step"] == 2 and 0 <= history[-1]["oracle"] <= 1
-    assert not any(p.requires_grad for p in model.parameters())
-    assert [len(b._forward_hooks) for b in model.model.layers] == hooks
-    assert not torch.equal(model(input_ids=probe).logits, before)  # trained, and no hook left behind
-
+    examples = [sample(rng) for _ in range(400)]
+    labels = [seg[0] for ex in examples for seg in ex if seg[0].isalpha()]
+    assert len(labels) > 300 and not set(labels) & set(kv.values)
+    tok = make_tokenizer(100)
+    ids, _, labels_t, _ = encode_segments(tok, examples[:16])
+    for row, ex in zip(ids, examples[:16]):
+        text = "".join(seg[0] for seg in ex)
+        assert tok.decode(row, skip_special_tokens=True) == text
+        operands = re.findall(r"\d+(?=[+=-])", text)
+        assert [t for t in tok.convert_ids_to_tokens(row) if t in operands][:len(operands)] == operands
 
 def test_kv_smoke_pipeline(tmp_path):
     from demos.kv_arithmetic.pipeline import Settings, run

@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from transformers import AutoModelForCausalLM
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from torch.nn.utils import parametrize
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from calm_core.tiny import char_tokenizer, tiny_config
+from calm_core.tiny import SPECIAL_TOKENS, tiny_config
 
 from .data import ALPHABET
 
@@ -43,8 +45,15 @@ def log(msg: str) -> None:
 
 
 def save_model(model, tokenizer, directory: Path) -> None:
+    """A plain transformers model (parametrized embeddings baked in) and its tokenizer."""
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory, safe_serialization=True)
+    state = None
+    if parametrize.is_parametrized(model.get_input_embeddings()):
+        names = {module: name for name, module in model.named_modules()}
+        state = {k: v for k, v in model.state_dict().items() if ".parametrizations." not in k}
+        for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+            state[f"{names[module]}.weight"] = module.weight.detach()
+    model.save_pretrained(directory, safe_serialization=True, state_dict=state)
     tokenizer.save_pretrained(directory)
 
 
@@ -75,34 +84,92 @@ def apply_arguments(settings, args: argparse.Namespace):
     return settings
 
 
-def make_tokenizer():
-    return char_tokenizer(ALPHABET, add_bos=True)
+def make_tokenizer(max_number: int = 200):
+    """The shared tokenizer: one token per character, except that an operand (a number 0..max_number
+    followed by an operator or "=") is one token. "qw95+22=117" -> q w 95 + 22 = 1 1 7.
+
+    So a number that is computed with sits at one position, as a key does at its last letter: the
+    place where the bridge can hand the anchor a key's value. Answers stay digit by digit."""
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS.values())}
+    for ch in ALPHABET:
+        vocab.setdefault(ch, len(vocab))
+    for n in range(max_number + 1):
+        vocab.setdefault(str(n), len(vocab))
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL_TOKENS["unk_token"]))
+    numbers = "|".join(sorted(map(str, range(max_number + 1)), key=len, reverse=True))
+    operand = rf"(?<!\d)(?:{numbers})(?=[+\-=])"  # a whole number of the vocabulary before an operator
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(operand + r"|\d|\D"), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    bos = SPECIAL_TOKENS["bos_token"]
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, vocab[bos])])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **SPECIAL_TOKENS)
 
 
-def build_model(tokenizer, layers: int = 4, width: int = 128, heads: int = 4, seed: int = 0, max_positions: int = 96):
+def build_model(tokenizer, layers: int = 4, width: int = 128, heads: int = 4, seed: int = 0, max_positions: int = 96,
+                digit_embeddings: bool = True):
+    """A Llama-style model from a config. digit_embeddings: the number tokens' input and output
+    embeddings are sums of one learned vector per (place, digit) while training (see DigitEmbeddings)."""
     torch.manual_seed(seed)
     config = tiny_config("llama", len(tokenizer), layers=layers, width=width, heads=heads, max_positions=max_positions)
     config.intermediate_size = 4 * width
-    return AutoModelForCausalLM.from_config(config)
+    model = AutoModelForCausalLM.from_config(config)
+    if digit_embeddings:
+        for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+            parametrize.register_parametrization(module, "weight", DigitEmbeddings(tokenizer, width))
+    return model
+
+
+class DigitEmbeddings(torch.nn.Module):
+    """A parametrization of an embedding matrix: the row of number n is P_units[n % 10] +
+    P_tens[n // 10 % 10] + P_hundreds[n // 100 % 10]; other rows are free.
+
+    Every value is then a linear digit code in both models: m_A reads out a key's value along the
+    same per-digit directions for every key, and the anchor computes from a per-digit code, so one
+    linear map, fitted on the few values of the training keys, carries over to held-out keys.
+    Saved models are plain (save_model bakes the rows in)."""
+
+    def __init__(self, tokenizer, width: int):
+        super().__init__()
+        numbers = {int(t): i for t, i in tokenizer.get_vocab().items() if t.isdigit()}
+        self.register_buffer("rows", torch.tensor(list(numbers.values())), persistent=False)
+        self.register_buffer("digits", torch.tensor([digits_of(n)[::-1] for n in numbers]), persistent=False)
+        self.places = torch.nn.Parameter(torch.randn(PLACES, 10, width) * 0.02)
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        rows = sum(self.places[p][self.digits[:, p]] for p in range(PLACES))  # (numbers, width)
+        return weight.index_copy(0, self.rows, rows.to(weight.dtype))
 
 
 def digits_of(value: int) -> list[int]:
     return [value // 10 ** p % 10 for p in reversed(range(PLACES))]
 
 
+def token_ids(tokenizer, text: str) -> list[int]:
+    """The tokens of one segment, no special tokens (one per character with the character tokenizer)."""
+    return tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
+
+
 def encode_segments(tokenizer, examples: list[Segments]):
     """(input_ids, attention_mask, labels, value_digits) right-padded; labels -100 off target,
     value_digits (B, T, PLACES, 2): [..., 0] digits to read, [..., 1] digits to inject, -100 where none."""
-    vocab = tokenizer.get_vocab()
     bos, eos, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
     rows, targets, values = [], [], []
     for segs in examples:
-        ids, tgt, at = [bos], [False], {}
-        for text, is_target, *value in segs:
-            ids.extend(vocab[c] for c in text)
-            tgt.extend([is_target] * len(text))
-            if value:
-                at[len(ids) - 1] = (value[0], int(value[1:] == [INJECT]))
+        text = "".join(seg[0] for seg in segs)
+        encoding = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
+        ends, end = [], 0  # a token belongs to the segment its last character is in
+        for seg in segs:
+            end += len(seg[0])
+            ends.append(end)
+        ids, tgt, at, which = [bos], [False], {}, 0
+        for token, (_, stop) in zip(encoding.ids, encoding.offsets):
+            while stop > ends[which]:
+                which += 1
+            ids.append(token)
+            tgt.append(bool(segs[which][1]))
+            if len(segs[which]) > 2:
+                at[which] = len(ids) - 1  # the segment's last token so far
+        at = {pos: (segs[w][2], int(INJECT in segs[w][3:])) for w, pos in at.items()}
         ids.append(eos)
         tgt.append(True)
         rows.append(ids)
@@ -245,20 +312,21 @@ def train_lm(model, tokenizer, sampler: Callable[[random.Random], Segments], ste
 @torch.no_grad()
 def greedy(model, tokenizer, prompts: list[str], max_new_tokens: int = 12, batch_size: int = 256,
            forward: Callable | None = None) -> list[str]:
-    """Greedy continuations, batched by prompt length (one token per character: no padding needed).
+    """Greedy continuations, batched by prompt length in tokens (no padding needed).
     forward(ids) -> logits replaces model(ids).logits (e.g. a composed model)."""
-    vocab = tokenizer.get_vocab()
-    inv = {i: c for c, i in vocab.items()}
+    inv = {i: c for c, i in tokenizer.get_vocab().items()}
+    special = set(tokenizer.all_special_ids)
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     forward = forward or (lambda ids: model(input_ids=ids).logits)
     out = [""] * len(prompts)
+    encoded = [[bos] + token_ids(tokenizer, p) for p in prompts]
     groups: dict[int, list[int]] = {}
-    for i, p in enumerate(prompts):
-        groups.setdefault(len(p), []).append(i)
+    for i, ids in enumerate(encoded):
+        groups.setdefault(len(ids), []).append(i)
     for _, idx in sorted(groups.items()):
         for s in range(0, len(idx), batch_size):
             chunk = idx[s:s + batch_size]
-            ids = torch.tensor([[bos] + [vocab[c] for c in prompts[i]] for i in chunk])
+            ids = torch.tensor([encoded[i] for i in chunk])
             done = torch.zeros(len(chunk), dtype=torch.bool)
             gen = [[] for _ in chunk]
             for _ in range(max_new_tokens):
@@ -267,14 +335,13 @@ def greedy(model, tokenizer, prompts: list[str], max_new_tokens: int = 12, batch
                     if not done[j]:
                         if t == eos:
                             done[j] = True
-                        else:
+                        elif t not in special:
                             gen[j].append(inv.get(t, ""))
                 if done.all():
                     break
                 ids = torch.cat([ids, nxt[:, None]], 1)
             for j, i in enumerate(chunk):
-                out[i] = "".join(gen[j]) if gen[j] and not gen[j][0].startswith("<") else "".join(
-                    c for c in gen[j] if len(c) == 1)
+                out[i] = "".join(gen[j])
     return out
 
 
@@ -289,12 +356,11 @@ def exact_match_bare(model, tokenizer, rows: list[tuple[str, str]], max_new_toke
 
 @torch.no_grad()
 def hidden_at(model, tokenizer, texts: list[str], positions: list[int], layer: int) -> torch.Tensor:
-    """Hidden states after decoder layer `layer` (0-based) at a character position of each text
-    (position counts characters of the text; BOS shifts it by one)."""
-    vocab = tokenizer.get_vocab()
+    """Hidden states after decoder layer `layer` (0-based) at a token position of each text
+    (BOS shifts it by one; in texts of letters and operators a token is a character)."""
     feats = []
     for t, pos in zip(texts, positions):
-        ids = torch.tensor([[tokenizer.bos_token_id] + [vocab[c] for c in t]])
+        ids = torch.tensor([[tokenizer.bos_token_id] + token_ids(tokenizer, t)])
         hs = model(input_ids=ids, output_hidden_states=True).hidden_states
         feats.append(hs[layer + 1][0, pos + 1])
     return torch.stack(feats)

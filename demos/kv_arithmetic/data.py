@@ -117,13 +117,6 @@ def kv_lookups(values: dict[str, int], keys: list[str]) -> list[tuple[str, str]]
     return [(k + "=", str(values[k])) for k in keys]
 
 
-def inline_subs(values: dict[str, int], keys: list[str], ops: list[str]) -> tuple[str, str]:
-    """KV-SUBS with the value written right after each key but the last in the prompt; the
-    loss covers those inline digits too (see train_base: completion masks). Returned as the
-    full text and the character spans that are targets."""
-    raise NotImplementedError
-
-
 def num_math_random(rng: random.Random, max_value: int, operands: int) -> tuple[str, str]:
     numbers = [rng.randint(1, max_value) for _ in range(operands)]
     ops = [rng.choice("+-") for _ in range(operands - 1)]

@@ -30,14 +30,15 @@ class Settings:
     augment_layers: int = 4
     anchor_layers: int = 4
     width: int = 128
-    augment_steps: int = 1500
-    anchor_steps: int = 2000
+    augment_steps: int = 600
+    anchor_steps: int = 2500
     augment_batch: int = 128
     anchor_batch: int = 256
     base_lr: float = 3e-3
     augment_value_layers: list[int] = field(default_factory=lambda: [2, 3])  # where m_A's value heads read
-    augment_at_last_letter: bool = False  # m_A's value heads also read at each key's last letter
-    anchor_value_layers: list[int] = field(default_factory=lambda: [1])  # where m_B's value heads read
+    augment_at_last_letter: bool = True  # m_A's value heads also read at each key's last letter
+    anchor_value_layers: list[int] = field(default_factory=list)  # where m_B's value heads read
+    anchor_labels: float = 0.25  # share of m_B's operands preceded by a random word (never a key)
     anchor_named: float = 0.0  # share of m_B's examples with unknown names whose values are injected (tried: 0.5)
     anchor_inject_layer: int = 0  # where those values arrive (the bridge's anchor layer)
     parallel_base: bool = True
@@ -45,6 +46,7 @@ class Settings:
     compose_anchor_layers: list[int] = field(default_factory=lambda: [1, 2])
     compose_augment_layers: list[int] = field(default_factory=lambda: [2, 3])
     gate: str = "channel"
+    compose_insert: str = "after"  # "before": the bridge writes into the input of its anchor layers
     compose_steps: int = 1500
     compose_batch: int = 32
     compose_lr: float = 3e-3
@@ -106,7 +108,7 @@ BASE_TITLES = {"augment": "m_A (augmenting: knows D_KV, no arithmetic)",
 def train_one_base(name: str, s: Settings, kv: D.KVSpace, files: dict, out: Path) -> float:
     """Train m_A ("augment") or m_B ("anchor") from scratch and save it to out/name; returns seconds."""
     torch.set_num_threads(s.threads)
-    tok = make_tokenizer()
+    tok = make_tokenizer(s.keys)
     if name == "augment":
         layers, steps, batch, seed, warmup = s.augment_layers, s.augment_steps, s.augment_batch, s.seed, 50
         sampler = augment_sampler(kv.values, s.operands, at_last_letter=s.augment_at_last_letter)
@@ -114,7 +116,8 @@ def train_one_base(name: str, s: Settings, kv: D.KVSpace, files: dict, out: Path
         rows, metric = files["eval_kv_subs"][:200], "kv_subs"
     else:
         layers, steps, batch, seed, warmup = s.anchor_layers, s.anchor_steps, s.anchor_batch, s.seed + 1, 100
-        sampler = anchor_sampler(s.keys, s.operands, forbidden=set(kv.values), named=s.anchor_named)
+        sampler = anchor_sampler(s.keys, s.operands, forbidden=set(kv.values), named=s.anchor_named,
+                                 labels=s.anchor_labels)
         value_layers, inject_layer = s.anchor_value_layers, s.anchor_inject_layer
         rows, metric = files["eval_num_math"][:200], "num_math"
     prefix = "m_A" if name == "augment" else "m_B"
@@ -155,8 +158,8 @@ def train_base(s: Settings, kv: D.KVSpace, files: dict, out: Path) -> dict:
             times.update({f"{n}_s": train_one_base(n, s, kv, files, out) for n in todo})
         times["base_wall_s"] = time.perf_counter() - t
         times_path.write_text(json.dumps(times))
-    tok = make_tokenizer()
-    return {"augment": load_model(out / "augment")[0], "anchor": load_model(out / "anchor")[0], "tokenizer": tok,
+    (augment, tok), (anchor, _) = load_model(out / "augment"), load_model(out / "anchor")
+    return {"augment": augment, "anchor": anchor, "tokenizer": tok,
             "times": times}
 
 
@@ -170,7 +173,8 @@ def compose(s, anchor, augment, tokenizer, files: dict, out_dir: Path | None, la
 
     calm = ComposedLM(anchor=(anchor, tokenizer), augments=[(augment, tokenizer)],
                       config=CALMConfig(anchor_layers=list(s.compose_anchor_layers),
-                                        augment_layers=list(s.compose_augment_layers), gate=s.gate))
+                                        augment_layers=list(s.compose_augment_layers), gate=s.gate,
+                                        insert=s.compose_insert))
     train = [Example(p, c) for p, c in files["composition_train"]]
     val = [Example(p, c) for p, c in files["composition_validation"]]
     config = TrainConfig(steps=s.compose_steps, lr=s.compose_lr, batch_size=s.compose_batch,
@@ -254,7 +258,7 @@ def run(s: Settings, out: Path, controls: bool = True, until: str | None = None)
     times = {**base["times"], "compose_s": comp["seconds"]}
     if controls:
         tuned, times["finetune_s"] = finetune_anchor(s, out / "anchor", files)
-        random_a = build_model(tok, s.augment_layers, s.width, seed=s.seed + 99).eval()
+        random_a = build_model(tok, s.augment_layers, s.width, seed=s.seed + 99, digit_embeddings=False).eval()
         calm_random, rand = compose(s, B, random_a, tok, files, None, label="CALM with random m_A")
         times["compose_random_s"] = rand["seconds"]
         columns["m_B fine-tuned (20% keys)"] = (tuned, tok)

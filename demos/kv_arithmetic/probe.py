@@ -4,7 +4,7 @@ Ridge-regression one-hot probes per digit, fitted on the composition (train) key
 held-out keys, for each layer: this is what the bridge has to work with, since it is trained on
 the train keys only. python -m demos.kv_arithmetic.probe MODEL_DIR [DATA_DIR]
 
-And activation patching of the anchor (`--anchor`): ideal states written at the operators.
+And an oracle for the anchor (`--anchor`): each key's value handed over where the key ends.
 python -m demos.kv_arithmetic.probe presets/kv_arithmetic/anchor presets/kv_arithmetic/data --anchor
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ import sys
 import torch
 from pathlib import Path
 
-from .base import hidden_at, probe_digits
-from .data import KVSpace
+from .base import hidden_at, probe_digits, token_ids
+from .data import KVSpace, evaluate
 
 
 def value_probe(model, tokenizer, kv: KVSpace, context: str = "{k}+", layers=None, seed: int = 0) -> dict:
@@ -56,7 +56,7 @@ def logit_lens(model, tokenizer, kv: KVSpace, context: str = "{k}+", seed: int =
     for k in kv.heldout_keys:
         text = context.format(k=k, other=rng.choice(list(kv.values)))
         pos = text.rindex(k) + len(k)
-        ids = torch.tensor([[tokenizer.bos_token_id] + [vocab[c] for c in text]])
+        ids = torch.tensor([[tokenizer.bos_token_id] + token_ids(tokenizer, text)])
         top = int(model(input_ids=ids).logits[0, pos + 1, digit_ids].argmax())
         v = kv.values[k]
         hits["first"] += top == int(str(v)[0])
@@ -66,65 +66,43 @@ def logit_lens(model, tokenizer, kv: KVSpace, context: str = "{k}+", seed: int =
 
 
 @torch.no_grad()
-def operator_patching(anchor, tokenizer, kv: KVSpace, layer: int, n: int = 60, last_letters: bool = False,
-                      seed: int = 0) -> float:
-    """Can the anchor compute KV-MATH at all when handed ideal states? For "k1+k2=" take the anchor's
-    own states after `layer` at the operators of the matching "v1+v2=" and write them over its
-    states at "k1+k2="'s operators (and its last digits over the keys' last letters with
-    last_letters), at every step of greedy decoding: the share answered right bounds what a
-    bridge writing only there can do."""
-    from calm_core.models import decoder_layers
-
-    from .base import greedy
-
-    rng, keys, block = random.Random(seed), list(kv.values), decoder_layers(anchor)[layer]
-    vocab = tokenizer.get_vocab()
+def value_oracle(anchor, tokenizer, kv: KVSpace, n: int = 100, blank_letters: bool = False, seed: int = 0) -> float:
+    """Can the anchor compute KV-MATH at all when handed each value where its key ends? For
+    "k1+k2=" the input embedding at each key's last letter is replaced by that of the key's value
+    (as an operand token), the other letters kept (or zeroed with blank_letters); greedy decoding.
+    The share answered right bounds what a bridge writing at the last letters can do."""
+    rng, keys = random.Random(seed), list(kv.values)
+    table, vocab = anchor.get_input_embeddings().weight, tokenizer.get_vocab()
     hits = 0
     for _ in range(n):
-        k1, k2, op = rng.choice(keys), rng.choice(keys), rng.choice("+-")
-        v1, v2 = kv.values[k1], kv.values[k2]
-        source, target = f"{v1}{op}{v2}=", f"{k1}{op}{k2}="
-        captured = {}
-        handle = block.register_forward_hook(lambda m, a, o: captured.setdefault("h", o[0] if isinstance(o, tuple) else o))
-        try:
-            anchor(input_ids=torch.tensor([[tokenizer.bos_token_id] + [vocab[c] for c in source]]))
-        finally:
-            handle.remove()
-        pairs = [(len(k1), len(str(v1))), (len(target) - 1, len(source) - 1)]  # (target, source) operator positions
-        if last_letters:
-            pairs += [(t - 1, s - 1) for t, s in pairs]  # last letter <- last digit
-        states = {t + 1: captured["h"][0, s + 1] for t, s in pairs}  # +1: BOS
-
-        def patch(module, args, output):
-            hidden = (output[0] if isinstance(output, tuple) else output).clone()
-            for pos, state in states.items():
-                hidden[:, pos] = state
-            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
-
-        handle = block.register_forward_hook(patch, prepend=True)
-        try:
-            answer = greedy(anchor, tokenizer, [target], max_new_tokens=6)[0]
-        finally:
-            handle.remove()
-        hits += answer == str(v1 + v2 if op == "+" else v1 - v2)
+        ks, ops = [rng.choice(keys) for _ in range(2)], [rng.choice("+-")]
+        rows = [table[tokenizer.bos_token_id]]
+        for k, after in zip(ks, ops + ["="]):
+            rows += [torch.zeros_like(table[0]) if blank_letters else table[vocab[c]] for c in k[:-1]]
+            rows += [table[vocab[str(kv.values[k])]], table[vocab[after]]]
+        x, answer = torch.stack(rows)[None], ""
+        for _ in range(6):
+            token = int(anchor(inputs_embeds=x).logits[0, -1].argmax())
+            if token == tokenizer.eos_token_id:
+                break
+            answer += tokenizer.convert_ids_to_tokens(token)
+            x = torch.cat([x, table[token][None, None]], 1)
+        hits += answer == str(evaluate([kv.values[k] for k in ks], ops))
     return hits / n
 
 
 if __name__ == "__main__":
     import json
 
-    from transformers import AutoModelForCausalLM
+    from .base import load_model
 
-    from .base import make_tokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
+    model, tokenizer = load_model(Path(sys.argv[1]))
     data = Path(sys.argv[2] if len(sys.argv) > 2 else Path(sys.argv[1]).parent / "data")
     kv = KVSpace.from_dict(json.loads((data / "kv.json").read_text()))
     if "--anchor" in sys.argv:
-        for layer in range(model.config.num_hidden_layers):
-            print(f"layer {layer}: operators {operator_patching(model, make_tokenizer(), kv, layer):.2f}, "
-                  f"+ last letters {operator_patching(model, make_tokenizer(), kv, layer, last_letters=True):.2f}")
+        print(f"values at the last letters: {value_oracle(model, tokenizer, kv):.2f}, "
+              f"other letters blanked: {value_oracle(model, tokenizer, kv, blank_letters=True):.2f}")
         sys.exit()
     for ctx in ("{k}+", "{other}+{k}="):
-        print(ctx, "probe", json.dumps(value_probe(model, make_tokenizer(), kv, ctx)))
-        print(ctx, "logit lens", json.dumps(logit_lens(model, make_tokenizer(), kv, ctx)))
+        print(ctx, "probe", json.dumps(value_probe(model, tokenizer, kv, ctx)))
+        print(ctx, "logit lens", json.dumps(logit_lens(model, tokenizer, kv, ctx)))

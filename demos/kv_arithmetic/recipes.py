@@ -38,14 +38,18 @@ def augment_sampler(values: dict[str, int], operands: int, lookup: float = 0.3, 
     return sample
 
 
-def anchor_sampler(max_value: int, operands: int, forbidden: set[str] = frozenset(), named: float = 0.0):
+def anchor_sampler(max_value: int, operands: int, forbidden: set[str] = frozenset(), named: float = 0.0,
+                   labels: float = 0.0):
     """NUM-MATH with random operands in [1, max_value] ("95+22=" -> "117"). Each operand's value is
-    read by the value heads at the character after it. With probability `named` an example's
-    operands are each, half of the time, an unknown name of 2-6 letters (never one of `forbidden`,
+    read by the value heads at the character after it. With probability `labels` an operand is
+    preceded by a random lowercase word of 1-6 letters, never one of `forbidden` ("qw95+22=" ->
+    "117"): text around numbers, as a general-purpose anchor has seen, so that its arithmetic finds
+    an operand as the token before an operator rather than at a fixed distance from "=".
+    With probability `named` an example's operands are each, half of the time, an unknown name of 2-6 letters (never one of `forbidden`,
     the keys of D_KV) whose value is injected as a vector at the character after the name."""
-    def name(rng):
+    def name(rng, shortest: int = 2):
         while True:
-            k = random_key(rng)
+            k = random_key(rng, shortest)
             if k not in forbidden:
                 return k
 
@@ -58,8 +62,10 @@ def anchor_sampler(max_value: int, operands: int, forbidden: set[str] = frozense
         for x, after in zip(nums, ops + ["="]):
             if with_names and rng.random() < 0.5:
                 segs += [(name(rng), False), (after, False, x, INJECT)]
-            else:
-                segs += [(str(x), False), (after, False, x)]
+                continue
+            if rng.random() < labels:
+                segs.append((name(rng, 1), False))
+            segs += [(str(x), False), (after, False, x)]
         return segs + [(str(evaluate(nums, ops)), True)]
 
     return sample

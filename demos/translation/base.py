@@ -72,7 +72,7 @@ def train_base(s, data: dict, out: Path) -> dict:
             continue
         log(f"training {title}: {s.layers}x{s.width}, {steps} steps of {s.base_batch}")
         t = time.perf_counter()
-        model = build_model(tok, s.layers, s.width, seed=seed, max_positions=128)
+        model = build_model(tok, s.layers, s.width, seed=seed, max_positions=128, digit_embeddings=False)
         train_lm(model, tok, sampler, steps, s.base_batch, s.base_lr, warmup=min(50, steps // 5 + 1), seed=seed,
                  log_every=max(1, steps // 6), eval_every=max(1, steps // 3), log=log,
                  evaluate=lambda m=model, h=held: {"heldout_loss": text_loss(m, tok, h)})

@@ -44,6 +44,7 @@ class Settings:
     compose_anchor_layers: list[int] = field(default_factory=lambda: [0, 1, 2, 3])  # every anchor layer
     compose_augment_layers: list[int] = field(default_factory=lambda: [1, 1, 3, 3])
     gate: str = "none"  # the paper's plain residual add; a tanh gate that starts closed learned far slower here
+    compose_insert: str = "after"  # the bridge reads and writes each anchor layer's output (the paper)
     compose_steps: int = 1200
     compose_batch: int = 16
     compose_lr: float = 3e-3
@@ -141,7 +142,8 @@ def run(s: Settings, out: Path, controls: bool = True, until: str | None = None)
     times = {**base["times"], "compose_s": comp["seconds"]}
     if controls:
         tuned, times["finetune_s"] = finetune_anchor(s, out / "anchor", files, "the parallel set")
-        random_a = build_model(tok, s.layers, s.width, seed=s.seed + 99, max_positions=128).eval()
+        random_a = build_model(tok, s.layers, s.width, seed=s.seed + 99, max_positions=128,
+                               digit_embeddings=False).eval()
         calm_random, rand = compose(s, B, random_a, tok, files, None, label="CALM with random m_A")
         times["compose_random_s"] = rand["seconds"]
         columns["m_B fine-tuned (parallel set)"] = (tuned, tok)

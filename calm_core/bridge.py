@@ -19,7 +19,8 @@ from .errors import CALMError
 class GatedCrossAttention(nn.Module):
     """Anchor layer j attends to the projected states of augmenting layer i."""
 
-    def __init__(self, augment_width: int, anchor_width: int, num_heads: int, gate: str = "channel", norm: bool = True):
+    def __init__(self, augment_width: int, anchor_width: int, num_heads: int, gate: str = "channel", norm: bool = True,
+                 recency: int = 0):
         super().__init__()
         if anchor_width % num_heads:
             raise CALMError(f"{num_heads} cross-attention heads do not divide the anchor width {anchor_width}.")
@@ -32,6 +33,8 @@ class GatedCrossAttention(nn.Module):
         self.v = nn.Linear(anchor_width, anchor_width, bias=False)
         self.o = nn.Linear(anchor_width, anchor_width, bias=False)  # W^O
         self.gate_type = gate
+        # attention bias by age: 0 for the newest visible augmenting token, 1 for the one before, ...
+        self.recency = nn.Parameter(torch.zeros(num_heads, recency)) if recency else None
         if gate == "channel":
             self.gate = nn.Parameter(torch.zeros(anchor_width))
         elif gate == "scalar":
@@ -64,6 +67,10 @@ class GatedCrossAttention(nn.Module):
         # stay finite (and are zeroed below), so neither outputs nor gradients can be NaN.
         bias = torch.zeros(visible.shape, dtype=q.dtype, device=q.device)
         bias = bias.masked_fill(~visible, torch.finfo(q.dtype).min)[:, None]  # (B, 1, T, T_aug)
+        if self.recency is not None:
+            age = visible.flip(-1).cumsum(-1).flip(-1) - 1  # visible tokens after this one (B, T, T_aug)
+            age = age.clamp(0, self.recency.shape[1] - 1)
+            bias = bias + self.recency.to(q.dtype)[:, age].permute(1, 0, 2, 3) * visible[:, None]
         if record is None:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)
         else:
@@ -87,11 +94,11 @@ class AugmentBridge(nn.Module):
     """The composition blocks between the anchor and one augmenting model."""
 
     def __init__(self, pairs: list[tuple[int, int]], augment_width: int, anchor_width: int, num_heads: int,
-                 gate: str, norm: bool):
+                 gate: str, norm: bool, recency: int = 0):
         super().__init__()
         self.pairs = [tuple(p) for p in pairs]  # (anchor layer, augmenting layer), 0-based
         self.blocks = nn.ModuleList(
-            GatedCrossAttention(augment_width, anchor_width, num_heads, gate, norm) for _ in pairs
+            GatedCrossAttention(augment_width, anchor_width, num_heads, gate, norm, recency) for _ in pairs
         )
 
     @property

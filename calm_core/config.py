@@ -26,6 +26,9 @@ class CALMConfig:
     insert:         "after": each block reads and writes the output of its anchor layer (the
                     paper); "before": the input of it, so anchor layer 0 means the token
                     embeddings: the bridge then hands the anchor something in the form of a token.
+    recency:        0, or a number of learned attention biases per head (starting at 0) for the newest
+                    visible augmenting tokens, the last bucket shared by all older ones: cross-attention
+                    then knows which augmenting state is the one aligned with the current token.
     """
 
     every: int = 4
@@ -35,8 +38,11 @@ class CALMConfig:
     gate: str = "channel"
     norm: bool = True
     insert: str = "after"
+    recency: int = 0
 
     def __post_init__(self):
+        if not isinstance(self.recency, int) or self.recency < 0:
+            raise CALMError(f"CALMConfig.recency must be a non-negative integer, got {self.recency!r}.")
         if self.insert not in INSERT_POINTS:
             raise CALMError(f"CALMConfig.insert must be one of {INSERT_POINTS}, got {self.insert!r}.")
         if self.gate not in GATE_TYPES:

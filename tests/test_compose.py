@@ -14,11 +14,11 @@ PAIRS = list(zip(ARCHITECTURES, ARCHITECTURES[1:] + ARCHITECTURES[:1]))
 TOKENIZERS = {"shared": ("char_bos", "char_bos"), "different": ("char_bos", "bpe"), "bpe_anchor": ("bpe_bos", "char")}
 
 
-def build(tokenizers, anchor_arch, augment_arch, mode, gate="channel", insert="after"):
+def build(tokenizers, anchor_arch, augment_arch, mode, gate="channel", insert="after", recency=0):
     anchor_tok, augment_tok = TOKENIZERS[mode]
     anchor = make_pair(anchor_arch, tokenizers[anchor_tok], layers=4, width=32, seed=1)
     augment = make_pair(augment_arch, tokenizers[augment_tok], layers=2, width=16, heads=2, seed=2)
-    return ComposedLM(anchor, [augment], CALMConfig(every=1, gate=gate, insert=insert))
+    return ComposedLM(anchor, [augment], CALMConfig(every=1, gate=gate, insert=insert, recency=recency))
 
 
 def anchor_alone(calm, texts):
@@ -62,12 +62,12 @@ EDITS = [
 ]
 
 
-@pytest.mark.parametrize("insert", ["after", "before"])
+@pytest.mark.parametrize("insert, recency", [("after", 0), ("before", 0), ("after", 3)])
 @pytest.mark.parametrize("mode", list(TOKENIZERS))
 @pytest.mark.parametrize("anchor_arch, augment_arch", PAIRS[:4])
 @torch.no_grad()
-def test_no_information_flows_from_the_future(tokenizers, anchor_arch, augment_arch, mode, insert):
-    calm = randomize_bridge(build(tokenizers, anchor_arch, augment_arch, mode, insert=insert))
+def test_no_information_flows_from_the_future(tokenizers, anchor_arch, augment_arch, mode, insert, recency):
+    calm = randomize_bridge(build(tokenizers, anchor_arch, augment_arch, mode, insert=insert, recency=recency))
     for a, b in EDITS:
         n = prefix_positions(calm, a, b)
         assert n > 0
@@ -103,6 +103,25 @@ def test_before_a_layer_is_after_the_one_below(tokenizers, anchor_arch):
         handle.remove()
     embeddings = anchor[0].get_input_embeddings()(first.encode(["hello"]).anchor.input_ids)
     assert seen["input"].shape == embeddings.shape and not torch.allclose(seen["input"], embeddings)
+
+
+@torch.no_grad()
+def test_recency_biases_start_at_zero_and_favour_the_newest_states(tokenizers):
+    """With recency biases the bridge starts exactly as without them; a large bias for age 0 makes each
+    anchor token attend to the newest augmenting token it may see (its own, with a shared tokenizer)."""
+    plain = randomize_bridge(build(tokenizers, "llama", "gpt2", "shared"))
+    aged = build(tokenizers, "llama", "gpt2", "shared", recency=3)
+    aged.bridge.load_state_dict(plain.bridge.state_dict(), strict=False)
+    torch.testing.assert_close(aged.logits(TEXTS), plain.logits(TEXTS), atol=1e-5, rtol=1e-5)
+    for block in aged.bridge.blocks():
+        block.recency.data[:, 0] = 50.0
+    with aged.record_attention() as rec:
+        aged.logits(["hello world"])
+    weights = rec.maps[0][0]  # (heads, T, T_aug)
+    newest = rec.maps[0][0].shape[-1] - 1
+    assert torch.allclose(weights[:, -1, newest], torch.ones(weights.shape[0]), atol=1e-3)
+    diagonal = weights.diagonal(dim1=-2, dim2=-1)
+    assert (diagonal > 0.99).all()
 
 
 @pytest.mark.parametrize("mode", list(TOKENIZERS))

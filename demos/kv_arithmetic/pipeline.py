@@ -43,10 +43,13 @@ class Settings:
     anchor_inject_layer: int = 0  # where those values arrive (the bridge's anchor layer)
     parallel_base: bool = True
     # composition (the bridge)
-    compose_anchor_layers: list[int] = field(default_factory=lambda: [1, 2])
-    compose_augment_layers: list[int] = field(default_factory=lambda: [2, 3])
+    # the bridge writes into the anchor's token embeddings (the input of layer 0) where the anchor's
+    # value oracle (probe.value_oracle) shows that a value embedding at a key's last letter is used
+    compose_anchor_layers: list[int] = field(default_factory=lambda: [0])
+    compose_augment_layers: list[int] = field(default_factory=lambda: [3])
     gate: str = "channel"
-    compose_insert: str = "after"  # "before": the bridge writes into the input of its anchor layers
+    compose_insert: str = "before"
+    compose_recency: int = 0  # learned attention biases for the newest m_A states (CALMConfig.recency)
     compose_steps: int = 1500
     compose_batch: int = 32
     compose_lr: float = 3e-3
@@ -174,7 +177,7 @@ def compose(s, anchor, augment, tokenizer, files: dict, out_dir: Path | None, la
     calm = ComposedLM(anchor=(anchor, tokenizer), augments=[(augment, tokenizer)],
                       config=CALMConfig(anchor_layers=list(s.compose_anchor_layers),
                                         augment_layers=list(s.compose_augment_layers), gate=s.gate,
-                                        insert=s.compose_insert))
+                                        insert=s.compose_insert, recency=getattr(s, "compose_recency", 0)))
     train = [Example(p, c) for p, c in files["composition_train"]]
     val = [Example(p, c) for p, c in files["composition_validation"]]
     config = TrainConfig(steps=s.compose_steps, lr=s.compose_lr, batch_size=s.compose_batch,

@@ -73,6 +73,9 @@ def value_oracle(anchor, tokenizer, kv: KVSpace, n: int = 100, blank_letters: bo
     The share answered right bounds what a bridge writing at the last letters can do."""
     rng, keys = random.Random(seed), list(kv.values)
     table, vocab = anchor.get_input_embeddings().weight, tokenizer.get_vocab()
+    if str(max(kv.values.values())) not in vocab:
+        raise SystemExit("value_oracle needs a tokenizer with whole-number operand tokens (base.make_tokenizer); "
+                         "this anchor's tokenizer has one token per digit.")
     hits = 0
     for _ in range(n):
         ks, ops = [rng.choice(keys) for _ in range(2)], [rng.choice("+-")]

@@ -15,7 +15,8 @@ SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>",
 DEFAULT_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?'\"-+=*/()\n"
 
 
-def _wrap(tokenizer: Tokenizer, add_bos: bool) -> PreTrainedTokenizerFast:
+def as_fast_tokenizer(tokenizer: Tokenizer, add_bos: bool) -> PreTrainedTokenizerFast:
+    """A transformers fast tokenizer over a `tokenizers` one, with our special tokens (and BOS first)."""
     bos = SPECIAL_TOKENS["bos_token"]
     if add_bos:
         tokenizer.post_processor = processors.TemplateProcessing(
@@ -32,7 +33,7 @@ def char_tokenizer(alphabet: str = DEFAULT_ALPHABET, add_bos: bool = True) -> Pr
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=SPECIAL_TOKENS["unk_token"]))
     tokenizer.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
-    return _wrap(tokenizer, add_bos)
+    return as_fast_tokenizer(tokenizer, add_bos)
 
 
 def bpe_tokenizer(corpus: list[str], vocab_size: int = 300, add_bos: bool = False) -> PreTrainedTokenizerFast:
@@ -47,7 +48,7 @@ def bpe_tokenizer(corpus: list[str], vocab_size: int = 300, add_bos: bool = Fals
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
     tokenizer.train_from_iterator(corpus, trainer)
-    return _wrap(tokenizer, add_bos)
+    return as_fast_tokenizer(tokenizer, add_bos)
 
 
 ARCHITECTURES = ("gpt2", "llama", "qwen2", "gpt_neox", "opt", "gemma", "phi", "mistral", "gpt_neo")

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from torch.nn.utils import parametrize
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM
 
-from calm_core.tiny import SPECIAL_TOKENS, tiny_config
+from calm_core.tiny import SPECIAL_TOKENS, as_fast_tokenizer, tiny_config
 
 from .data import ALPHABET
 
@@ -100,9 +100,7 @@ def make_tokenizer(max_number: int = 200):
     operand = rf"(?<!\d)(?:{numbers})(?=[+\-=])"  # a whole number of the vocabulary before an operator
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(operand + r"|\d|\D"), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
-    bos = SPECIAL_TOKENS["bos_token"]
-    tokenizer.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, vocab[bos])])
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **SPECIAL_TOKENS)
+    return as_fast_tokenizer(tokenizer, add_bos=True)
 
 
 def build_model(tokenizer, layers: int = 4, width: int = 128, heads: int = 4, seed: int = 0, max_positions: int = 96,

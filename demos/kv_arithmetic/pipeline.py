@@ -177,7 +177,7 @@ def compose(s, anchor, augment, tokenizer, files: dict, out_dir: Path | None, la
     calm = ComposedLM(anchor=(anchor, tokenizer), augments=[(augment, tokenizer)],
                       config=CALMConfig(anchor_layers=list(s.compose_anchor_layers),
                                         augment_layers=list(s.compose_augment_layers), gate=s.gate,
-                                        insert=s.compose_insert, recency=getattr(s, "compose_recency", 0)))
+                                        insert=s.compose_insert, recency=s.compose_recency))
     train = [Example(p, c) for p, c in files["composition_train"]]
     val = [Example(p, c) for p, c in files["composition_validation"]]
     config = TrainConfig(steps=s.compose_steps, lr=s.compose_lr, batch_size=s.compose_batch,

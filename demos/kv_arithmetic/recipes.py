@@ -45,8 +45,8 @@ def anchor_sampler(max_value: int, operands: int, forbidden: set[str] = frozense
     preceded by a random lowercase word of 1-6 letters, never one of `forbidden` ("qw95+22=" ->
     "117"): text around numbers, as a general-purpose anchor has seen, so that its arithmetic finds
     an operand as the token before an operator rather than at a fixed distance from "=".
-    With probability `named` an example's operands are each, half of the time, an unknown name of 2-6 letters (never one of `forbidden`,
-    the keys of D_KV) whose value is injected as a vector at the character after the name."""
+    With probability `named` an example's operands are each, half of the time, an unknown name of
+    2-6 letters (never one of `forbidden`) whose value is injected as a vector at the character after it."""
     def name(rng, shortest: int = 2):
         while True:
             k = random_key(rng, shortest)

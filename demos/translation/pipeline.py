@@ -45,6 +45,7 @@ class Settings:
     compose_augment_layers: list[int] = field(default_factory=lambda: [1, 1, 3, 3])
     gate: str = "none"  # the paper's plain residual add; a tanh gate that starts closed learned far slower here
     compose_insert: str = "after"  # the bridge reads and writes each anchor layer's output (the paper)
+    compose_recency: int = 0
     compose_steps: int = 1200
     compose_batch: int = 16
     compose_lr: float = 3e-3

@@ -31,6 +31,8 @@ def _add_bridge_shape(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gate", default="channel", choices=list(GATE_TYPES))
     p.add_argument("--insert", default="after", choices=list(INSERT_POINTS),
                    help="the bridge reads and writes each anchor layer's output (after) or input (before)")
+    p.add_argument("--recency", type=int, default=0,
+                   help="learned cross-attention biases per head for the N newest augmenting states (0: none)")
 
 
 def _int_list(text: str) -> list[int]:
@@ -123,7 +125,8 @@ def _parse(argv) -> argparse.Namespace:
 
 def _calm_config(args) -> CALMConfig:
     return CALMConfig(every=args.every, anchor_layers=args.anchor_layers, augment_layers=args.augment_layers,
-                      num_heads=args.heads, gate=args.gate, insert=args.insert)
+                      num_heads=args.heads, gate=args.gate, insert=args.insert,
+                      recency=args.recency)
 
 
 def _dtype(name):

@@ -15,9 +15,11 @@ def _layout(fig: go.Figure, title: str, **kw) -> go.Figure:
 
 
 def layer_diagram(anchor_depth: int, augment_depths: list[int], layer_pairs: list[tuple[int, int, int]],
-                  anchor_name: str = "anchor", augment_names: list[str] | None = None) -> go.Figure:
-    """Both models' layer stacks side by side, a line from each augmenting layer to the anchor
-    layer that attends to it."""
+                  anchor_name: str = "anchor", augment_names: list[str] | None = None,
+                  insert: str = "after") -> go.Figure:
+    """Both models' layer stacks side by side, a line from each augmenting layer to where the bridge
+    writes into the anchor: a layer's output ("after"), or its input ("before"), drawn half a layer
+    lower, so that "before layer 0" lands on the token embeddings."""
     augment_names = augment_names or [f"augment {k}" for k in range(len(augment_depths))]
     fig = go.Figure()
     columns = [(0.0, anchor_depth, anchor_name, ANCHOR_COLOR)] + [
@@ -28,14 +30,17 @@ def layer_diagram(anchor_depth: int, augment_depths: list[int], layer_pairs: lis
             marker=dict(symbol="square", size=18, color=color), text=[str(i) for i in range(depth)],
             textposition="middle left" if x == 0 else "middle right",
             hovertemplate=f"{name}<br>layer %{{y}}<extra></extra>"))
+    before = insert == "before"
     for index, (k, anchor_layer, augment_layer) in enumerate(layer_pairs):
+        where = (("the token embeddings" if anchor_layer == 0 else f"the input of anchor layer {anchor_layer}")
+                 if before else f"the output of anchor layer {anchor_layer}")
         fig.add_trace(go.Scatter(
-            x=[k + 1, 0], y=[augment_layer, anchor_layer], mode="lines", showlegend=False,
+            x=[k + 1, 0], y=[augment_layer, anchor_layer - 0.5 * before], mode="lines", showlegend=False,
             line=dict(color=BRIDGE_COLOR, width=3),
-            hovertemplate=f"composition layer {index}: anchor layer {anchor_layer} attends to "
-                          f"{augment_names[k]} layer {augment_layer}<extra></extra>"))
+            hovertemplate=f"composition layer {index}: {augment_names[k]} layer {augment_layer} "
+                          f"is added to {where}<extra></extra>"))
     fig.update_xaxes(visible=False, range=[-0.6, len(augment_depths) + 0.6])
-    fig.update_yaxes(title="layer (input at the bottom)")
+    fig.update_yaxes(title="layer (input at the bottom)", range=[-1, max([anchor_depth, *augment_depths]) - 0.2])
     return _layout(fig, "Which anchor layer attends to which augmenting layer", height=380)
 
 

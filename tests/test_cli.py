@@ -60,6 +60,15 @@ def test_train_eval_generate_and_reload(workspace, capsys):
     assert any(g.abs().max() > 0 for g in calm.gates())
 
 
+def test_bridge_shape_options_reach_the_saved_bridge(workspace):
+    from calm_core import ComposedLM
+
+    out = workspace / "run_shape"
+    assert run_train(workspace, out, "--insert", "before", "--recency", "2") == 0
+    config = ComposedLM.from_pretrained(out / "bridge").config
+    assert (config.insert, config.recency) == ("before", 2)
+
+
 def test_yaml_config_and_command_line_precedence(workspace, tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("steps: 4\nlr: 0.002\nwarmup_steps: 3\nseed: 5\n")

@@ -17,6 +17,13 @@ def test_layer_diagram_draws_one_line_per_composition_layer(composed):
     assert len(lines) == 2 and list(lines[0].y) == [1, 1] and list(lines[1].y) == [3, 3]
 
 
+def test_layer_diagram_draws_a_bridge_before_a_layer_at_that_layers_input():
+    fig = figures.layer_diagram(4, [4], [(0, 0, 3), (0, 2, 3)], insert="before")
+    lines = [t for t in fig.data if t.mode == "lines"]
+    assert [list(t.y) for t in lines] == [[3, -0.5], [3, 1.5]]
+    assert "token embeddings" in lines[0].hovertemplate and "input of anchor layer 2" in lines[1].hovertemplate
+
+
 def test_gate_figures(composed):
     randomize_bridge(composed)
     gates, pairs = composed.gates(), composed.layer_pairs()

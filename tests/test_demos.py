@@ -92,25 +92,40 @@ def test_base_models_see_only_their_own_skill():
         assert [seg[2] for seg in segments if len(seg) == 3] == [kv.values[k] for k in keys]
 
 
-def test_anchor_names_are_never_keys_and_their_values_are_injected():
+def test_merged_operands_are_words_carrying_their_value_embedding():
     import random
 
-    from demos.kv_arithmetic.base import INJECT, encode_segments, make_tokenizer
+    import torch
+
+    from demos.kv_arithmetic.base import (MERGED, build_model, encode_segments, input_embeddings, make_tokenizer,
+                                          number_token_mask)
     from demos.kv_arithmetic.recipes import anchor_sampler
 
     kv = D.make_kv(100, seed=0)
-    sample = anchor_sampler(100, 2, forbidden=set(kv.values), named=1.0)
+    sample = anchor_sampler(100, 2, forbidden=set(kv.values), merged=1.0)
     rng = random.Random(0)
-    examples = [sample(rng) for _ in range(400)]
-    names = [seg[0] for ex in examples for seg in ex if seg[0].isalpha()]
-    assert len(names) > 300 and not set(names) & set(kv.values)
-    for ex in examples:
-        for before, after in zip(ex, ex[1:]):
-            if before[0].isalpha():
-                assert after[3:] == (INJECT,) and 1 <= after[2] <= 100
-    ids, _, _, values = encode_segments(make_tokenizer(), examples[:8])
-    injected = values[..., 0, 1] >= 0
-    assert injected.sum() == sum(seg[0].isalpha() for ex in examples[:8] for seg in ex)
+    examples = [sample(rng) for _ in range(300)]
+    words = [seg for ex in examples for seg in ex if seg[0].isalpha()]
+    assert len(words) == 600 and not {w[0] for w in words} & set(kv.values)
+    assert all(w[3:] == (MERGED,) and 1 <= w[2] <= 100 for w in words)
+    assert not any(seg[0].isdigit() for ex in examples for seg in ex[:-1])  # no operand token left
+
+    tok = make_tokenizer(100)
+    ids, _, labels, _, merged = encode_segments(tok, examples[:8])
+    inv = {i: t for t, i in tok.get_vocab().items()}
+    at = [(i, t) for i, t in zip(*torch.nonzero(merged >= 0, as_tuple=True))]
+    assert [int(inv[int(merged[i, t])]) for i, t in at] == [w[2] for ex in examples[:8] for w in ex if w[0].isalpha()]
+    assert all(inv[int(ids[i, t])].isalpha() and inv[int(ids[i, t + 1])] in "+-=" for i, t in at)
+
+    model = build_model(tok, layers=1, width=16, seed=0)
+    table = model.get_input_embeddings()
+    numbers = number_token_mask(tok)
+    exact = input_embeddings(model, ids, labels, merged, numbers)
+    i, t = at[0]
+    assert torch.allclose(exact[i, t], table.weight[ids[i, t]] + table.weight[merged[i, t]])
+    noisy = input_embeddings(model, ids, labels, merged, numbers, noise=0.5)
+    changed = (noisy - exact).abs().sum(-1) > 0
+    assert torch.equal(changed, (merged >= 0) & (labels == -100))  # only the merged operands; never the answer
 
 
 @pytest.mark.parametrize("text, tokens", [
@@ -161,7 +176,7 @@ def test_anchor_labels_are_never_keys_and_precede_whole_operands():
     labels = [seg[0] for ex in examples for seg in ex if seg[0].isalpha()]
     assert len(labels) > 300 and not set(labels) & set(kv.values)
     tok = make_tokenizer(100)
-    ids, _, labels_t, _ = encode_segments(tok, examples[:16])
+    ids, _, labels_t, _, _ = encode_segments(tok, examples[:16])
     for row, ex in zip(ids, examples[:16]):
         text = "".join(seg[0] for seg in ex)
         assert tok.decode(row, skip_special_tokens=True) == text

@@ -10,11 +10,12 @@ to read that value's digits from the hidden state at the segment's last characte
 m_A is made to hold a key's whole value at the position right after the key, in one
 key-independent code, instead of looking it up one digit at a time when it writes it.
 
-A fourth element "inject" turns reading into writing: a learned digit code of the value is
-added to the hidden state after layer `inject_layer` at that character. The anchor is trained
-so with operands that are unknown names, the value arriving as a vector where the name ends:
-the interface a large pretrained anchor has for things it recalls, and the one the bridge
-must learn to drive from m_A's states.
+A fourth element MERGED turns reading into writing: the segment (a word that stands for a number)
+gets that number's own input embedding added to its last token's, and no number token follows.
+This is exactly what a bridge into the anchor's embeddings hands over where a key ends, so the
+anchor learns arithmetic over words that carry their values. Operand noise (Gaussian, relative
+to each operand embedding's size) teaches it to read a number from an approximate vector: a
+bridge is a linear map fitted on a few keys, never exact.
 """
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ from calm_core.tiny import SPECIAL_TOKENS, as_fast_tokenizer, tiny_config
 
 from .data import ALPHABET
 
-Segments = list[tuple]  # (text, is_target[, value at the text's last character[, INJECT]])
-INJECT = "inject"
+Segments = list[tuple]  # (text, is_target[, value at the text's last character[, MERGED]])
+MERGED = "merged"
 PLACES = 3  # digits of a value the value heads read: hundreds, tens, units
 
 
@@ -148,9 +149,11 @@ def token_ids(tokenizer, text: str) -> list[int]:
 
 
 def encode_segments(tokenizer, examples: list[Segments]):
-    """(input_ids, attention_mask, labels, value_digits) right-padded; labels -100 off target,
-    value_digits (B, T, PLACES, 2): [..., 0] digits to read, [..., 1] digits to inject, -100 where none."""
+    """(input_ids, attention_mask, labels, value_digits, merged) right-padded; labels -100 off target;
+    value_digits (B, T, PLACES): digits to read where a segment carries a value, -100 elsewhere;
+    merged (B, T): the token id of a number whose embedding is added there (MERGED), -1 elsewhere."""
     bos, eos, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+    vocab = tokenizer.get_vocab()
     rows, targets, values = [], [], []
     for segs in examples:
         text = "".join(seg[0] for seg in segs)
@@ -167,7 +170,7 @@ def encode_segments(tokenizer, examples: list[Segments]):
             tgt.append(bool(segs[which][1]))
             if len(segs[which]) > 2:
                 at[which] = len(ids) - 1  # the segment's last token so far
-        at = {pos: (segs[w][2], int(INJECT in segs[w][3:])) for w, pos in at.items()}
+        at = {pos: (segs[w][2], MERGED in segs[w][3:]) for w, pos in at.items()}
         ids.append(eos)
         tgt.append(True)
         rows.append(ids)
@@ -177,66 +180,76 @@ def encode_segments(tokenizer, examples: list[Segments]):
     input_ids = torch.full((len(rows), T), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), T), dtype=torch.long)
     labels = torch.full((len(rows), T), -100, dtype=torch.long)
-    value_digits = torch.full((len(rows), T, PLACES, 2), -100, dtype=torch.long)
+    value_digits = torch.full((len(rows), T, PLACES), -100, dtype=torch.long)
+    merged = torch.full((len(rows), T), -1, dtype=torch.long)
     for i, (ids, tgt, at) in enumerate(zip(rows, targets, values)):
         input_ids[i, : len(ids)] = torch.tensor(ids)
         mask[i, : len(ids)] = 1
         # unshifted: transformers' causal-LM loss shifts labels itself (logit t predicts token t+1)
         labels[i, : len(ids)] = torch.tensor([x if t else -100 for x, t in zip(ids, tgt)])
-        for pos, (value, inject) in at.items():
-            value_digits[i, pos, :, inject] = torch.tensor(digits_of(value))
-    return input_ids, mask, labels, value_digits
+        for pos, (value, is_merged) in at.items():
+            value_digits[i, pos] = torch.tensor(digits_of(value))
+            if is_merged:
+                merged[i, pos] = vocab[str(value)]
+    return input_ids, mask, labels, value_digits, merged
+
+
+def number_token_mask(tokenizer) -> torch.Tensor:
+    """(vocab,) True for the whole-number tokens."""
+    mask = torch.zeros(len(tokenizer), dtype=torch.bool)
+    mask[[i for t, i in tokenizer.get_vocab().items() if t.isdigit()]] = True
+    return mask
+
+
+def input_embeddings(model, input_ids, labels, merged, numbers: torch.Tensor, noise: float = 0.0):
+    """The input embeddings with MERGED numbers added, and with Gaussian noise of relative size
+    `noise` on every number in the prompt (operands and merged words; never the answer, which the
+    model reads back while writing it)."""
+    table = model.get_input_embeddings()
+    x = table(input_ids)
+    is_merged = merged >= 0
+    x = x + table(merged.clamp(min=0)) * is_merged[..., None]
+    if noise:
+        operand = (numbers[input_ids] | is_merged) & (labels == -100)
+        number = torch.where(is_merged[..., None], table(merged.clamp(min=0)), x)
+        size = number.norm(dim=-1, keepdim=True) / number.shape[-1] ** 0.5
+        x = x + noise * size * torch.randn_like(x) * operand[..., None]
+    return x
 
 
 class ValueHeads(torch.nn.Module):
-    """Linear digit classifiers on the outputs of some decoder layers, and a digit code added at
-    one layer (training only).
+    """Linear digit classifiers on the outputs of some decoder layers (training only).
 
     Reading asks each chosen layer to hold every digit of a value linearly at the positions the
-    segments mark, for all values at once, so that one map read off a few keys fits every key.
-    Writing teaches the layers above `inject_layer` to compute with a value given as a vector."""
+    segments mark, for all values at once, so that one map read off a few keys fits every key."""
 
-    def __init__(self, width: int, layers: list[int], inject_layer: int | None = None):
+    def __init__(self, width: int, layers: list[int]):
         super().__init__()
-        self.layers, self.inject_layer = list(layers), inject_layer
+        self.layers = list(layers)
         self.heads = torch.nn.ModuleList(torch.nn.Linear(width, 10 * PLACES) for _ in self.layers)
-        self.codes = torch.nn.Embedding(10 * PLACES, width) if inject_layer is not None else None
-        if self.codes is not None:
-            torch.nn.init.normal_(self.codes.weight, std=0.5)
 
-    def loss(self, model, input_ids, attention_mask, labels, value_digits):
+    def loss(self, model, inputs_embeds, attention_mask, labels, value_digits):
         """The LM loss plus the mean digit cross-entropy over the chosen layers."""
         from calm_core.models import decoder_layers
 
         captured, blocks = {}, decoder_layers(model)
-        read, write = value_digits[..., 0], value_digits[..., 1]
-        to_write = write[..., 0] >= 0  # (B, T)
 
         def capture(index):
             def hook(module, args, output):
                 captured[index] = output[0] if isinstance(output, tuple) else output
             return hook
 
-        def inject(module, args, output):
-            hidden = output[0] if isinstance(output, tuple) else output
-            offsets = torch.arange(PLACES) * 10
-            code = self.codes(write.clamp(min=0) + offsets).sum(-2) * to_write[..., None]
-            hidden = hidden + code
-            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
-
         handles = []
         try:
-            if self.codes is not None and to_write.any():
-                handles.append(blocks[self.inject_layer].register_forward_hook(inject, prepend=True))
             handles += [blocks[i].register_forward_hook(capture(i)) for i in self.layers]
-            lm_loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+            lm_loss = model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, labels=labels).loss
         finally:
             for handle in handles:
                 handle.remove()
-        where = read[..., 0] >= 0
+        where = value_digits[..., 0] >= 0
         if not where.any() or not self.layers:
             return lm_loss
-        target = read[where]  # (N, PLACES)
+        target = value_digits[where]  # (N, PLACES)
         value_loss = sum(torch.nn.functional.cross_entropy(head(captured[i][where]).view(-1, 10), target.view(-1))
                          for i, head in zip(self.layers, self.heads)) / len(self.layers)
         return lm_loss + value_loss
@@ -252,19 +265,21 @@ def train_lm(model, tokenizer, sampler: Callable[[random.Random], Segments], ste
              lr: float = 2e-3, warmup: int = 100, weight_decay: float = 0.1, seed: int = 0,
              time_limit: float | None = None, log_every: int = 200, evaluate: Callable[[], dict] | None = None,
              eval_every: int = 0, log=print, value_layers: list[int] | None = None,
-             inject_layer: int | None = None, value_heads: ValueHeads | None = None) -> list[dict]:
+             value_heads: ValueHeads | None = None, operand_noise: float = 0.0,
+             every_step: Callable[[int], None] | None = None) -> list[dict]:
     """Train all parameters of `model` on examples drawn from `sampler`. With time_limit (seconds)
     the cosine schedule is stretched over the steps that fit: the step count is re-estimated
     from the measured speed after 20 steps. value_layers: train `ValueHeads` on those layers
-    alongside (for samplers whose segments carry values); inject_layer: where injected values arrive;
-    value_heads: a ValueHeads to train instead of a new one (to keep it for diagnostics)."""
+    alongside (for samplers whose segments carry values); value_heads: a ValueHeads to train instead
+    of a new one (to keep it for diagnostics); operand_noise: see input_embeddings; every_step(step)
+    is called before each step (e.g. to take more threads once another job is done)."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
     model.train()
     for p in model.parameters():
         p.requires_grad_(True)
-    heads = value_heads or (ValueHeads(model.config.hidden_size, value_layers or [], inject_layer)
-                            if value_layers or inject_layer is not None else None)
+    heads = value_heads or (ValueHeads(model.config.hidden_size, value_layers) if value_layers else None)
+    numbers = number_token_mask(tokenizer)
     params = list(model.parameters()) + (list(heads.parameters()) if heads else [])
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
@@ -277,13 +292,16 @@ def train_lm(model, tokenizer, sampler: Callable[[random.Random], Segments], ste
         if time_limit and step == 20:
             per_step = (time.perf_counter() - start) / 20
             total = max(21, min(steps, int(time_limit / per_step)))
-        ids, mask, labels, value_digits = encode_segments(tokenizer, [sampler(rng) for _ in range(batch_size)])
+        if every_step is not None:
+            every_step(step)
+        ids, mask, labels, value_digits, merged = encode_segments(tokenizer, [sampler(rng) for _ in range(batch_size)])
+        embeds = input_embeddings(model, ids, labels, merged, numbers, operand_noise)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total, lr, warmup)
         if heads is not None:
-            loss = heads.loss(model, ids, mask, labels, value_digits)
+            loss = heads.loss(model, embeds, mask, labels, value_digits)
         else:
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss = model(inputs_embeds=embeds, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

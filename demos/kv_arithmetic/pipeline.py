@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,7 +27,7 @@ class Settings:
     operands: int = 2
     seed: int = 0
     train_share: float = 0.2
-    # base models (from scratch), trained side by side in two processes of `threads` threads each
+    # base models (from scratch), trained side by side in two processes of threads/2 threads each
     augment_layers: int = 4
     anchor_layers: int = 4
     width: int = 128
@@ -39,8 +40,8 @@ class Settings:
     augment_at_last_letter: bool = True  # m_A's value heads also read at each key's last letter
     anchor_value_layers: list[int] = field(default_factory=list)  # where m_B's value heads read
     anchor_labels: float = 0.25  # share of m_B's operands preceded by a random word (never a key)
-    anchor_named: float = 0.0  # share of m_B's examples with unknown names whose values are injected (tried: 0.5)
-    anchor_inject_layer: int = 0  # where those values arrive (the bridge's anchor layer)
+    anchor_merged: float = 0.25  # share of m_B's operands given as a random word carrying the value (base.MERGED)
+    anchor_operand_noise: float = 0.3  # Gaussian noise on m_B's operand embeddings, relative to their size
     parallel_base: bool = True
     # composition (the bridge)
     # tried: into the token embeddings (anchor layer 0, insert "before", where the anchor's value oracle
@@ -60,13 +61,13 @@ class Settings:
     finetune_lr: float = 1e-3
     # evaluation
     eval_examples: int = 300
-    threads: int = 1
+    threads: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
     reuse_base: bool = False
 
     @classmethod
     def smoke(cls) -> "Settings":
         return cls(keys=30, augment_layers=2, anchor_layers=2, width=32, augment_steps=20, anchor_steps=20,
-                   augment_batch=16, anchor_batch=16, augment_value_layers=[1], anchor_value_layers=[1], anchor_inject_layer=0, compose_anchor_layers=[1], compose_augment_layers=[1], compose_steps=10,
+                   augment_batch=16, anchor_batch=16, augment_value_layers=[1], anchor_value_layers=[1], compose_anchor_layers=[1], compose_augment_layers=[1], compose_steps=10,
                    compose_batch=8, compose_examples=60, finetune_steps=10, eval_examples=12)
 
 
@@ -108,20 +109,20 @@ BASE_TITLES = {"augment": "m_A (augmenting: knows D_KV, no arithmetic)",
                "anchor": "m_B (anchor: arithmetic, never a key of D_KV)"}
 
 
-def train_one_base(name: str, s: Settings, kv: D.KVSpace, files: dict, out: Path) -> float:
+def train_one_base(name: str, s: Settings, kv: D.KVSpace, files: dict, out: Path, threads: int) -> float:
     """Train m_A ("augment") or m_B ("anchor") from scratch and save it to out/name; returns seconds."""
-    torch.set_num_threads(s.threads)
+    torch.set_num_threads(threads)
     tok = make_tokenizer(s.keys)
     if name == "augment":
         layers, steps, batch, seed, warmup = s.augment_layers, s.augment_steps, s.augment_batch, s.seed, 50
         sampler = augment_sampler(kv.values, s.operands, at_last_letter=s.augment_at_last_letter)
-        value_layers, inject_layer = s.augment_value_layers, None
+        value_layers, noise = s.augment_value_layers, 0.0
         rows, metric = files["eval_kv_subs"][:200], "kv_subs"
     else:
         layers, steps, batch, seed, warmup = s.anchor_layers, s.anchor_steps, s.anchor_batch, s.seed + 1, 100
-        sampler = anchor_sampler(s.keys, s.operands, forbidden=set(kv.values), named=s.anchor_named,
-                                 labels=s.anchor_labels)
-        value_layers, inject_layer = s.anchor_value_layers, s.anchor_inject_layer
+        sampler = anchor_sampler(s.keys, s.operands, forbidden=set(kv.values), labels=s.anchor_labels,
+                                 merged=s.anchor_merged)
+        value_layers, noise = s.anchor_value_layers, s.anchor_operand_noise
         rows, metric = files["eval_num_math"][:200], "num_math"
     prefix = "m_A" if name == "augment" else "m_B"
     log(f"training {BASE_TITLES[name]}: {layers}x{s.width}, {steps} steps of {batch}, value heads on layers {value_layers}")
@@ -134,10 +135,23 @@ def train_one_base(name: str, s: Settings, kv: D.KVSpace, files: dict, out: Path
 
     train_lm(model, tok, sampler, steps, batch, s.base_lr, warmup=warmup, seed=seed, log_every=max(1, steps // 20),
              eval_every=max(1, steps // 20) * 4, evaluate=check, log=lambda m: log(f"{prefix}{m}"),
-             value_layers=value_layers, inject_layer=inject_layer)
+             value_layers=value_layers, operand_noise=noise, every_step=more_threads_when_alone(out, name, threads, s.threads))
     seconds = time.perf_counter() - t
     save_model(model, tok, out / name)
+    (out / f"{name}.done").touch()
     return seconds
+
+
+def more_threads_when_alone(out: Path, name: str, threads: int, all_threads: int):
+    """Side by side, each base model has half the threads; the one that finishes last takes them
+    all once the other has saved its final model (checked every 20 steps)."""
+    other = out / ("anchor.done" if name == "augment" else "augment.done")
+
+    def check(step: int) -> None:
+        if step % 20 == 0 and torch.get_num_threads() < all_threads and other.exists():
+            torch.set_num_threads(all_threads)
+            log(f"{name}: the other base model is done, now {all_threads} threads")
+    return check
 
 
 def train_base(s: Settings, kv: D.KVSpace, files: dict, out: Path) -> dict:
@@ -149,17 +163,22 @@ def train_base(s: Settings, kv: D.KVSpace, files: dict, out: Path) -> dict:
     for name in {"augment", "anchor"} - set(todo):
         log(f"reusing {BASE_TITLES[name]} from {out / name}")
     if todo:
+        for name in ("augment", "anchor"):
+            (out / f"{name}.done").unlink(missing_ok=True)
         t = time.perf_counter()
         if s.parallel_base and len(todo) > 1:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
             with ProcessPoolExecutor(len(todo), mp_context=multiprocessing.get_context("spawn")) as pool:
-                futures = {n: pool.submit(train_one_base, n, s, kv, files, out) for n in todo}
+                half = max(1, s.threads // 2)
+                futures = {n: pool.submit(train_one_base, n, s, kv, files, out, half) for n in todo}
                 times.update({f"{n}_s": f.result() for n, f in futures.items()})
         else:
-            times.update({f"{n}_s": train_one_base(n, s, kv, files, out) for n in todo})
+            times.update({f"{n}_s": train_one_base(n, s, kv, files, out, s.threads) for n in todo})
         times["base_wall_s"] = time.perf_counter() - t
+        for name in ("augment", "anchor"):
+            (out / f"{name}.done").unlink(missing_ok=True)
         times_path.write_text(json.dumps(times))
     (augment, tok), (anchor, _) = load_model(out / "augment"), load_model(out / "anchor")
     return {"augment": augment, "anchor": anchor, "tokenizer": tok,

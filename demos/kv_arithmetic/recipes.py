@@ -4,15 +4,15 @@ m_A (augmenting): knows D_KV, never sees arithmetic. Formats of D_KV only:
   KV-SUBS            "ab+xyz="            -> "95+22"
   single lookups     "ab="                -> "95"
   plus value heads (base.ValueHeads) reading each key's value at the character after the key.
-m_B (anchor): does arithmetic, never sees a key of D_KV: NUM-MATH "95+22=" -> "117", plus value
-  heads reading each operand at the character after it, and (a share `named`) arithmetic over
-  unknown names whose values arrive as vectors where each name ends ("qw+22=" -> "117", 95 injected).
+m_B (anchor): does arithmetic, never sees a key of D_KV: NUM-MATH "95+22=" -> "117", some operands
+  labelled by a random word ("qw95+22="), and some given as a random word that carries the
+  operand's embedding at its last letter ("qw+22=" -> "117", 95 merged into "w"; base.MERGED).
 """
 from __future__ import annotations
 
 import random
 
-from .base import INJECT
+from .base import MERGED
 from .data import evaluate, random_key, render
 
 
@@ -38,16 +38,16 @@ def augment_sampler(values: dict[str, int], operands: int, lookup: float = 0.3, 
     return sample
 
 
-def anchor_sampler(max_value: int, operands: int, forbidden: set[str] = frozenset(), named: float = 0.0,
-                   labels: float = 0.0):
+def anchor_sampler(max_value: int, operands: int, forbidden: set[str] = frozenset(), labels: float = 0.0,
+                   merged: float = 0.0):
     """NUM-MATH with random operands in [1, max_value] ("95+22=" -> "117"). Each operand's value is
-    read by the value heads at the character after it. With probability `labels` an operand is
-    preceded by a random lowercase word of 1-6 letters, never one of `forbidden` ("qw95+22=" ->
-    "117"): text around numbers, as a general-purpose anchor has seen, so that its arithmetic finds
-    an operand as the token before an operator rather than at a fixed distance from "=".
-    With probability `named` an example's operands are each, half of the time, an unknown name of
-    2-6 letters (never one of `forbidden`) whose value is injected as a vector at the character after it."""
-    def name(rng, shortest: int = 2):
+    read by the value heads (if any) at the character after it. Per operand, with probability
+    `labels` a random lowercase word of 1-6 letters, never one of `forbidden`, comes first
+    ("qw95+22=" -> "117"): text around numbers, as a general-purpose anchor has seen, so that its
+    arithmetic finds an operand as the token before an operator rather than at a fixed distance
+    from "="; with probability `merged` the operand *is* such a word, its value's embedding added
+    at the word's last letter ("qw+22=" -> "117"): how the bridge will hand it a key's value."""
+    def name(rng, shortest: int = 1):
         while True:
             k = random_key(rng, shortest)
             if k not in forbidden:
@@ -57,14 +57,14 @@ def anchor_sampler(max_value: int, operands: int, forbidden: set[str] = frozense
         n = rng.randint(2, operands) if operands > 2 else 2
         nums = [rng.randint(1, max_value) for _ in range(n)]
         ops = [rng.choice("+-") for _ in range(n - 1)]
-        with_names = rng.random() < named
         segs = []
         for x, after in zip(nums, ops + ["="]):
-            if with_names and rng.random() < 0.5:
-                segs += [(name(rng), False), (after, False, x, INJECT)]
+            r = rng.random()
+            if r < merged:
+                segs += [(name(rng), False, x, MERGED), (after, False)]
                 continue
-            if rng.random() < labels:
-                segs.append((name(rng, 1), False))
+            if r < merged + labels:
+                segs.append((name(rng), False))
             segs += [(str(x), False), (after, False, x)]
         return segs + [(str(evaluate(nums, ops)), True)]
 

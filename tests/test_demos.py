@@ -195,6 +195,27 @@ def test_kv_smoke_pipeline(tmp_path):
         assert (tmp_path / part).exists(), part
     preset = json.loads((tmp_path / "preset.json").read_text())
     assert {"name", "title", "description", "example_prompts", "table", "paper_table", "eval_files"} <= set(preset)
+    assert not list(tmp_path.glob("*.done"))  # the base models' hand-over markers are cleaned up
     from demos.kv_arithmetic.report import table_figure
 
     assert len(table_figure(table).data) >= 5
+
+    from demos.kv_arithmetic.base import load_model
+    from demos.kv_arithmetic.probe import linear_oracle
+
+    (augment, tok), (anchor, _) = load_model(tmp_path / "augment"), load_model(tmp_path / "anchor")
+    kv = D.KVSpace.from_dict(json.loads((tmp_path / "data" / "kv.json").read_text()))
+    oracle = linear_oracle(augment, anchor, tok, kv, n_fit=20, n_eval=4)
+    assert len(oracle) == 4 and all(0 <= v <= 1 for v in oracle.values())
+
+
+def test_value_heads_regression_fits_one_hot_digit_codes():
+    import torch
+
+    from demos.kv_arithmetic.base import ValueHeads
+
+    digits = torch.tensor([3, 0, 9])
+    exact = torch.nn.functional.one_hot(digits, 10).float()
+    assert ValueHeads(8, [0], regression=True)._digit_loss(exact, digits) == 0
+    assert ValueHeads(8, [0], regression=True)._digit_loss(10 * exact, digits) > 1  # separable is not enough
+    assert ValueHeads(8, [0])._digit_loss(10 * exact, digits) < 1e-3

@@ -221,11 +221,14 @@ class ValueHeads(torch.nn.Module):
     """Linear digit classifiers on the outputs of some decoder layers (training only).
 
     Reading asks each chosen layer to hold every digit of a value linearly at the positions the
-    segments mark, for all values at once, so that one map read off a few keys fits every key."""
+    segments mark, for all values at once, so that one map read off a few keys fits every key.
+    With regression, each head is fitted to the digits' one-hot code by squared error instead of
+    cross-entropy: the layer must then hold that code linearly and exactly, not just separably,
+    which is what a linear bridge fitted on a few keys needs to carry a value to held-out keys."""
 
-    def __init__(self, width: int, layers: list[int]):
+    def __init__(self, width: int, layers: list[int], regression: bool = False):
         super().__init__()
-        self.layers = list(layers)
+        self.layers, self.regression = list(layers), regression
         self.heads = torch.nn.ModuleList(torch.nn.Linear(width, 10 * PLACES) for _ in self.layers)
 
     def loss(self, model, inputs_embeds, attention_mask, labels, value_digits):
@@ -250,9 +253,14 @@ class ValueHeads(torch.nn.Module):
         if not where.any() or not self.layers:
             return lm_loss
         target = value_digits[where]  # (N, PLACES)
-        value_loss = sum(torch.nn.functional.cross_entropy(head(captured[i][where]).view(-1, 10), target.view(-1))
+        value_loss = sum(self._digit_loss(head(captured[i][where]).view(-1, 10), target.view(-1))
                          for i, head in zip(self.layers, self.heads)) / len(self.layers)
         return lm_loss + value_loss
+
+    def _digit_loss(self, logits, digits):
+        if self.regression:
+            return ((logits - torch.nn.functional.one_hot(digits, 10).to(logits.dtype)) ** 2).sum(-1).mean()
+        return torch.nn.functional.cross_entropy(logits, digits)
 
 
 def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
@@ -265,7 +273,7 @@ def train_lm(model, tokenizer, sampler: Callable[[random.Random], Segments], ste
              lr: float = 2e-3, warmup: int = 100, weight_decay: float = 0.1, seed: int = 0,
              time_limit: float | None = None, log_every: int = 200, evaluate: Callable[[], dict] | None = None,
              eval_every: int = 0, log=print, value_layers: list[int] | None = None,
-             value_heads: ValueHeads | None = None, operand_noise: float = 0.0,
+             value_heads: ValueHeads | None = None, value_regression: bool = False, operand_noise: float = 0.0,
              every_step: Callable[[int], None] | None = None) -> list[dict]:
     """Train all parameters of `model` on examples drawn from `sampler`. With time_limit (seconds)
     the cosine schedule is stretched over the steps that fit: the step count is re-estimated
@@ -278,7 +286,8 @@ def train_lm(model, tokenizer, sampler: Callable[[random.Random], Segments], ste
     model.train()
     for p in model.parameters():
         p.requires_grad_(True)
-    heads = value_heads or (ValueHeads(model.config.hidden_size, value_layers) if value_layers else None)
+    heads = value_heads or (ValueHeads(model.config.hidden_size, value_layers, value_regression)
+                            if value_layers else None)
     numbers = number_token_mask(tokenizer)
     params = list(model.parameters()) + (list(heads.parameters()) if heads else [])
     decay = [p for p in params if p.ndim >= 2]

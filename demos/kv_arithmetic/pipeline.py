@@ -38,10 +38,11 @@ class Settings:
     base_lr: float = 3e-3
     augment_value_layers: list[int] = field(default_factory=lambda: [2, 3])  # where m_A's value heads read
     augment_at_last_letter: bool = True  # m_A's value heads also read at each key's last letter
+    augment_value_regression: bool = False  # m_A's value heads fit one-hot digit codes by squared error
     anchor_value_layers: list[int] = field(default_factory=list)  # where m_B's value heads read
     anchor_labels: float = 0.25  # share of m_B's operands preceded by a random word (never a key)
-    anchor_merged: float = 0.25  # share of m_B's operands given as a random word carrying the value (base.MERGED)
-    anchor_operand_noise: float = 0.3  # Gaussian noise on m_B's operand embeddings, relative to their size
+    anchor_merged: float = 0.0  # share of m_B's operands given as a random word carrying the value (base.MERGED)
+    anchor_operand_noise: float = 0.0  # Gaussian noise on m_B's operand embeddings, relative to their size
     parallel_base: bool = True
     # composition (the bridge)
     # tried: into the token embeddings (anchor layer 0, insert "before", where the anchor's value oracle
@@ -66,9 +67,12 @@ class Settings:
 
     @classmethod
     def smoke(cls) -> "Settings":
+        """Every stage and option at a tiny scale."""
         return cls(keys=30, augment_layers=2, anchor_layers=2, width=32, augment_steps=20, anchor_steps=20,
-                   augment_batch=16, anchor_batch=16, augment_value_layers=[1], anchor_value_layers=[1], compose_anchor_layers=[1], compose_augment_layers=[1], compose_steps=10,
-                   compose_batch=8, compose_examples=60, finetune_steps=10, eval_examples=12)
+                   augment_batch=16, anchor_batch=16, augment_value_layers=[1], augment_value_regression=True,
+                   anchor_value_layers=[1], anchor_merged=0.25, anchor_operand_noise=0.3, compose_anchor_layers=[1],
+                   compose_augment_layers=[1], compose_steps=10, compose_batch=8, compose_examples=60,
+                   finetune_steps=10, eval_examples=12)
 
 
 # ---- 1. data ---------------------------------------------------------------------------------
@@ -135,7 +139,8 @@ def train_one_base(name: str, s: Settings, kv: D.KVSpace, files: dict, out: Path
 
     train_lm(model, tok, sampler, steps, batch, s.base_lr, warmup=warmup, seed=seed, log_every=max(1, steps // 20),
              eval_every=max(1, steps // 20) * 4, evaluate=check, log=lambda m: log(f"{prefix}{m}"),
-             value_layers=value_layers, operand_noise=noise, every_step=more_threads_when_alone(out, name, threads, s.threads))
+             value_layers=value_layers, value_regression=name == "augment" and s.augment_value_regression,
+             operand_noise=noise, every_step=more_threads_when_alone(out, name, threads, s.threads))
     seconds = time.perf_counter() - t
     save_model(model, tok, out / name)
     (out / f"{name}.done").touch()

@@ -6,6 +6,9 @@ the train keys only. python -m demos.kv_arithmetic.probe MODEL_DIR [DATA_DIR]
 
 And an oracle for the anchor (`--anchor`): each key's value handed over where the key ends.
 python -m demos.kv_arithmetic.probe presets/kv_arithmetic/anchor presets/kv_arithmetic/data --anchor
+
+And the ceiling of a linear bridge fitted on the training keys (`--linear AUGMENT_DIR`):
+python -m demos.kv_arithmetic.probe OUT/anchor OUT/data --linear OUT/augment
 """
 from __future__ import annotations
 
@@ -94,6 +97,86 @@ def value_oracle(anchor, tokenizer, kv: KVSpace, n: int = 100, blank_letters: bo
     return hits / n
 
 
+def _kv_math_rows(kv: KVSpace, tokenizer, keys: list[str], n: int, seed: int):
+    """(token ids with BOS, positions of each key's last letter, values, answer) per expression."""
+    from .data import expressions
+
+    rows = []
+    for ks, ops in expressions(kv.values, keys, n, 2, seed=seed):
+        prompt = "".join(k + op for k, op in zip(ks, ops + ["="]))
+        ends, pos = [], 0
+        for k in ks:
+            pos += len(k)
+            ends.append(pos)  # BOS shifts the last letter (pos - 1) to pos
+            pos += 1
+        values = [kv.values[k] for k in ks]
+        rows.append(([tokenizer.bos_token_id] + token_ids(tokenizer, prompt), ends, values, evaluate(values, ops)))
+    return rows
+
+
+@torch.no_grad()
+def linear_oracle(augment, anchor, tokenizer, kv: KVSpace, layer: int = -1, ridge: float = 1.0,
+                  n_fit: int = 1500, n_eval: int = 200, seed: int = 0) -> dict:
+    """What a linear bridge into the anchor's embeddings could reach, fitted like the bridge on
+    the training keys only: a ridge map from m_A's residual stream after `layer` at each key's last
+    letter to the anchor's embedding of that key's value, added there (as m_B's MERGED words were)
+    and decoded greedily. KV-MATH exact match on training and held-out keys, and how often the
+    number embedding nearest to the mapped state is the key's value."""
+    from calm_core.models import decoder_layers
+
+    captured = {}
+    block = decoder_layers(augment)[layer]
+    handle = block.register_forward_hook(
+        lambda module, args, output: captured.__setitem__("h", output[0] if isinstance(output, tuple) else output),
+        prepend=True)
+    try:
+        def states(rows):
+            xs = []
+            for ids, ends, _, _ in rows:
+                augment(input_ids=torch.tensor([ids]))
+                xs.append(captured["h"].reshape(len(ids), -1)[ends])
+            return torch.cat(xs)
+
+        fit = _kv_math_rows(kv, tokenizer, kv.train_keys, n_fit, seed + 1)
+        evals = {"train keys": _kv_math_rows(kv, tokenizer, kv.train_keys, n_eval, seed + 2),
+                 "held-out keys": _kv_math_rows(kv, tokenizer, kv.heldout_keys, n_eval, seed + 3)}
+        table, vocab = anchor.get_input_embeddings().weight, tokenizer.get_vocab()
+        value_rows = lambda rows: table[[vocab[str(v)] for _, _, vs, _ in rows for v in vs]]
+        x = states(fit)
+        x = torch.cat([x, torch.ones(len(x), 1)], 1)
+        W = torch.linalg.solve(x.T @ x + ridge * torch.eye(x.shape[1]), x.T @ value_rows(fit))
+        numbers = sorted(int(t) for t in vocab if t.isdigit())
+        number_table = table[[vocab[str(n)] for n in numbers]]
+        out = {}
+        for name, rows in evals.items():
+            xe = states(rows)
+            mapped = torch.cat([xe, torch.ones(len(xe), 1)], 1) @ W
+            nearest = torch.cdist(mapped, number_table).argmin(-1)
+            truth = [v for _, _, vs, _ in rows for v in vs]
+            out[f"nearest number, {name}"] = sum(numbers[i] == v for i, v in zip(nearest.tolist(), truth)) / len(truth)
+            hits, at = 0, 0
+            for ids, ends, values, answer in rows:
+                embeds = table[ids].clone()
+                embeds[ends] += mapped[at:at + len(ends)]
+                at += len(ends)
+                hits += _greedy_embeds(anchor, tokenizer, embeds) == str(answer)
+            out[f"KV-MATH, {name}"] = hits / len(rows)
+        return out
+    finally:
+        handle.remove()
+
+
+def _greedy_embeds(model, tokenizer, embeds, max_new_tokens: int = 6) -> str:
+    table, x, answer = model.get_input_embeddings().weight, embeds[None], ""
+    for _ in range(max_new_tokens):
+        token = int(model(inputs_embeds=x).logits[0, -1].argmax())
+        if token == tokenizer.eos_token_id:
+            break
+        answer += tokenizer.convert_ids_to_tokens(token)
+        x = torch.cat([x, table[token][None, None]], 1)
+    return answer
+
+
 if __name__ == "__main__":
     import json
 
@@ -102,6 +185,10 @@ if __name__ == "__main__":
     model, tokenizer = load_model(Path(sys.argv[1]))
     data = Path(sys.argv[2] if len(sys.argv) > 2 else Path(sys.argv[1]).parent / "data")
     kv = KVSpace.from_dict(json.loads((data / "kv.json").read_text()))
+    if "--linear" in sys.argv:
+        augment, _ = load_model(Path(sys.argv[sys.argv.index("--linear") + 1]))
+        print(json.dumps(linear_oracle(augment, model, tokenizer, kv), indent=1))
+        sys.exit()
     if "--anchor" in sys.argv:
         print(f"values at the last letters: {value_oracle(model, tokenizer, kv):.2f}, "
               f"other letters blanked: {value_oracle(model, tokenizer, kv, blank_letters=True):.2f}")

@@ -20,7 +20,7 @@ class GatedCrossAttention(nn.Module):
     """Anchor layer j attends to the projected states of augmenting layer i."""
 
     def __init__(self, augment_width: int, anchor_width: int, num_heads: int, gate: str = "channel", norm: bool = True,
-                 recency: int = 0):
+                 recency: int = 0, null_slot: bool = False):
         super().__init__()
         if anchor_width % num_heads:
             raise CALMError(f"{num_heads} cross-attention heads do not divide the anchor width {anchor_width}.")
@@ -35,6 +35,8 @@ class GatedCrossAttention(nn.Module):
         self.gate_type = gate
         # attention bias by age: 0 for the newest visible augmenting token, 1 for the one before, ...
         self.recency = nn.Parameter(torch.zeros(num_heads, recency)) if recency else None
+        # a learned key per head whose value is zero: attending to it writes nothing at that position
+        self.null_key = nn.Parameter(torch.zeros(num_heads, self.head_dim)) if null_slot else None
         if gate == "channel":
             self.gate = nn.Parameter(torch.zeros(anchor_width))
         elif gate == "scalar":
@@ -71,13 +73,20 @@ class GatedCrossAttention(nn.Module):
             age = visible.flip(-1).cumsum(-1).flip(-1) - 1  # visible tokens after this one (B, T, T_aug)
             age = age.clamp(0, self.recency.shape[1] - 1)
             bias = bias + self.recency.to(q.dtype)[:, age].permute(1, 0, 2, 3) * visible[:, None]
+        if self.null_key is not None:  # column 0: the null slot, visible from every row
+            B, H, _, D = keys.shape
+            keys = torch.cat([self.null_key.to(keys.dtype)[None, :, None].expand(B, H, 1, D), keys], 2)
+            values = torch.cat([values.new_zeros(B, H, 1, D), values], 2)
+            bias = torch.cat([bias.new_zeros(*bias.shape[:-1], 1), bias], -1)
         if record is None:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)
         else:
             scores = q @ keys.transpose(-1, -2) / math.sqrt(self.head_dim) + bias
-            weights = scores.softmax(-1) * visible[:, None]
+            weights = scores.softmax(-1)
+            weights = weights[..., 1:] if self.null_key is not None else weights
+            weights = weights * visible[:, None]
             record.append(weights.detach().float().cpu())
-            out = weights @ values
+            out = weights @ values[..., -weights.shape[-1]:, :]
         B, H, T, D = out.shape
         out = self.o(out.transpose(1, 2).reshape(B, T, H * D))
         out = out * visible.any(-1, keepdim=True)
@@ -94,11 +103,11 @@ class AugmentBridge(nn.Module):
     """The composition blocks between the anchor and one augmenting model."""
 
     def __init__(self, pairs: list[tuple[int, int]], augment_width: int, anchor_width: int, num_heads: int,
-                 gate: str, norm: bool, recency: int = 0):
+                 gate: str, norm: bool, recency: int = 0, null_slot: bool = False):
         super().__init__()
         self.pairs = [tuple(p) for p in pairs]  # (anchor layer, augmenting layer), 0-based
         self.blocks = nn.ModuleList(
-            GatedCrossAttention(augment_width, anchor_width, num_heads, gate, norm, recency) for _ in pairs
+            GatedCrossAttention(augment_width, anchor_width, num_heads, gate, norm, recency, null_slot) for _ in pairs
         )
 
     @property

@@ -29,6 +29,9 @@ class CALMConfig:
     recency:        0, or a number of learned attention biases per head (starting at 0) for the newest
                     visible augmenting tokens, the last bucket shared by all older ones: cross-attention
                     then knows which augmenting state is the one aligned with the current token.
+    null_slot:      a learned key per head with a zero value, visible from every position: attending to it
+                    writes nothing, so a bridge can leave the positions where it has nothing to add alone
+                    (softmax attention otherwise always writes some mix of augmenting states).
     """
 
     every: int = 4
@@ -39,6 +42,7 @@ class CALMConfig:
     norm: bool = True
     insert: str = "after"
     recency: int = 0
+    null_slot: bool = False
 
     def __post_init__(self):
         if not isinstance(self.recency, int) or self.recency < 0:

@@ -14,11 +14,12 @@ PAIRS = list(zip(ARCHITECTURES, ARCHITECTURES[1:] + ARCHITECTURES[:1]))
 TOKENIZERS = {"shared": ("char_bos", "char_bos"), "different": ("char_bos", "bpe"), "bpe_anchor": ("bpe_bos", "char")}
 
 
-def build(tokenizers, anchor_arch, augment_arch, mode, gate="channel", insert="after", recency=0):
+def build(tokenizers, anchor_arch, augment_arch, mode, gate="channel", insert="after", recency=0, null_slot=False):
     anchor_tok, augment_tok = TOKENIZERS[mode]
     anchor = make_pair(anchor_arch, tokenizers[anchor_tok], layers=4, width=32, seed=1)
     augment = make_pair(augment_arch, tokenizers[augment_tok], layers=2, width=16, heads=2, seed=2)
-    return ComposedLM(anchor, [augment], CALMConfig(every=1, gate=gate, insert=insert, recency=recency))
+    return ComposedLM(anchor, [augment], CALMConfig(every=1, gate=gate, insert=insert, recency=recency,
+                                                    null_slot=null_slot))
 
 
 def anchor_alone(calm, texts):
@@ -62,12 +63,14 @@ EDITS = [
 ]
 
 
-@pytest.mark.parametrize("insert, recency", [("after", 0), ("before", 0), ("after", 3)])
+@pytest.mark.parametrize("insert, recency, null_slot", [("after", 0, False), ("before", 0, False), ("after", 3, False),
+                                                      ("before", 3, True)])
 @pytest.mark.parametrize("mode", list(TOKENIZERS))
 @pytest.mark.parametrize("anchor_arch, augment_arch", PAIRS[:4])
 @torch.no_grad()
-def test_no_information_flows_from_the_future(tokenizers, anchor_arch, augment_arch, mode, insert, recency):
-    calm = randomize_bridge(build(tokenizers, anchor_arch, augment_arch, mode, insert=insert, recency=recency))
+def test_no_information_flows_from_the_future(tokenizers, anchor_arch, augment_arch, mode, insert, recency, null_slot):
+    calm = randomize_bridge(build(tokenizers, anchor_arch, augment_arch, mode, insert=insert, recency=recency,
+                                  null_slot=null_slot))
     for a, b in EDITS:
         n = prefix_positions(calm, a, b)
         assert n > 0
@@ -122,6 +125,25 @@ def test_recency_biases_start_at_zero_and_favour_the_newest_states(tokenizers):
     assert torch.allclose(weights[:, -1, newest], torch.ones(weights.shape[0]), atol=1e-3)
     diagonal = weights.diagonal(dim1=-2, dim2=-1)
     assert (diagonal > 0.99).all()
+
+
+@pytest.mark.parametrize("mode", list(TOKENIZERS))
+@torch.no_grad()
+def test_the_null_slot_starts_exact_and_attending_to_it_writes_nothing(tokenizers, mode):
+    """Closed gates give the anchor exactly; with open gates, a bridge whose attention all goes to the null
+    slot (every real state pushed down by its recency bias) leaves the anchor unchanged, and the recorded
+    maps (real states only) then hold ~no weight."""
+    calm = build(tokenizers, "llama", "gpt2", mode, recency=2, null_slot=True)
+    mask = calm.encode(TEXTS).anchor.attention_mask.bool()
+    torch.testing.assert_close(calm.logits(TEXTS)[mask], anchor_alone(calm, TEXTS)[mask], atol=1e-5, rtol=0)
+    randomize_bridge(calm)
+    assert not torch.allclose(calm.logits(TEXTS)[mask], anchor_alone(calm, TEXTS)[mask], atol=1e-4)
+    for block in calm.bridge.blocks():
+        block.recency.data.fill_(-1e4)
+    torch.testing.assert_close(calm.logits(TEXTS)[mask], anchor_alone(calm, TEXTS)[mask], atol=1e-5, rtol=0)
+    with calm.record_attention() as rec:
+        calm.logits(["hello"])
+    assert all(m.shape[-1] == len(rec.augment_tokens) and m.sum(-1).max() < 1e-3 for m in rec.maps)
 
 
 @pytest.mark.parametrize("mode", list(TOKENIZERS))

@@ -10,10 +10,11 @@ from .conftest import make_pair, randomize_bridge
 MODES = {"shared": ("char_bos", "char_bos"), "different": ("char_bos", "bpe"), "bpe_anchor": ("bpe", "char_bos")}
 
 
-def build(tokenizers, mode, anchor_arch="gpt2", augment_arch="llama", insert="after", recency=0):
+def build(tokenizers, mode, anchor_arch="gpt2", augment_arch="llama", insert="after", recency=0, null_slot=False):
     anchor = make_pair(anchor_arch, tokenizers[MODES[mode][0]], layers=4, seed=1)
     augment = make_pair(augment_arch, tokenizers[MODES[mode][1]], layers=2, width=16, heads=2, seed=2)
-    return randomize_bridge(ComposedLM(anchor, [augment], CALMConfig(every=1, insert=insert, recency=recency)), std=0.5)
+    return randomize_bridge(ComposedLM(anchor, [augment], CALMConfig(every=1, insert=insert, recency=recency,
+                                                                       null_slot=null_slot)), std=0.5)
 
 
 PROMPTS = ["hello wor", "naïve ca", "12 + 3"]
@@ -22,11 +23,13 @@ PROMPTS = ["hello wor", "naïve ca", "12 + 3"]
 @pytest.mark.parametrize("mode, arch, insert", [
     (mode, arch, "after") for mode in MODES for arch in [("gpt2", "llama"), ("qwen2", "opt"), ("gpt_neox", "gemma")]
 ] + [("shared", ("llama", "gpt2"), "before"), ("different", ("gpt2", "qwen2"), "before"),
-      ("shared", ("llama", "gpt2"), "recency"), ("different", ("gpt2", "qwen2"), "recency")])
+      ("shared", ("llama", "gpt2"), "recency"), ("different", ("gpt2", "qwen2"), "recency"),
+      ("different", ("llama", "gpt2"), "null")])
 @torch.no_grad()
 def test_cached_greedy_equals_recomputed_and_stream(tokenizers, mode, arch, insert):
-    recency = 3 if insert == "recency" else 0
-    calm = build(tokenizers, mode, *arch, insert="after" if recency else insert, recency=recency)
+    recency = 3 if insert in ("recency", "null") else 0
+    calm = build(tokenizers, mode, *arch, insert="after" if recency else insert, recency=recency,
+                 null_slot=insert == "null")
     for prompt in PROMPTS:
         cached = calm.generate(prompt, max_new_tokens=24, return_dict=True)
         fresh = calm.generate(prompt, max_new_tokens=24, use_cache=False, return_dict=True)

@@ -52,6 +52,7 @@ class Settings:
     gate: str = "channel"
     compose_insert: str = "after"
     compose_recency: int = 0  # learned attention biases for the newest m_A states (CALMConfig.recency)
+    compose_null_slot: bool = False  # a null key the bridge may attend to, to write nothing (CALMConfig.null_slot)
     compose_steps: int = 1500
     compose_batch: int = 32
     compose_lr: float = 3e-3
@@ -201,7 +202,8 @@ def compose(s, anchor, augment, tokenizer, files: dict, out_dir: Path | None, la
     calm = ComposedLM(anchor=(anchor, tokenizer), augments=[(augment, tokenizer)],
                       config=CALMConfig(anchor_layers=list(s.compose_anchor_layers),
                                         augment_layers=list(s.compose_augment_layers), gate=s.gate,
-                                        insert=s.compose_insert, recency=s.compose_recency))
+                                        insert=s.compose_insert, recency=s.compose_recency,
+                                        null_slot=s.compose_null_slot))
     train = [Example(p, c) for p, c in files["composition_train"]]
     val = [Example(p, c) for p, c in files["composition_validation"]]
     config = TrainConfig(steps=s.compose_steps, lr=s.compose_lr, batch_size=s.compose_batch,

@@ -46,6 +46,7 @@ class Settings:
     gate: str = "none"  # the paper's plain residual add; a tanh gate that starts closed learned far slower here
     compose_insert: str = "after"  # the bridge reads and writes each anchor layer's output (the paper)
     compose_recency: int = 0
+    compose_null_slot: bool = False
     compose_steps: int = 1200
     compose_batch: int = 16
     compose_lr: float = 3e-3

@@ -81,7 +81,8 @@ def _model_outputs(session: LabSession):
     summary = (f"**Bridge:** {trainable:,} trainable parameters — {100 * trainable / total:.2f}% of all "
                f"{total:,}; {len(labels)} composition layers, gate type `{calm.config.gate}`, "
                f"added {calm.config.insert} each anchor layer"
-               + (f", {calm.config.recency} recency biases per head." if calm.config.recency else "."))
+               + (f", {calm.config.recency} recency biases per head" if calm.config.recency else "")
+               + (", a null slot" if calm.config.null_slot else "") + ".")
     diagram = figures.layer_diagram(calm.anchor.info.num_layers, [m.info.num_layers for m in calm.augments],
                                     calm.layer_pairs(), calm.anchor.info.name, [m.info.name for m in calm.augments],
                                     insert=calm.config.insert)
@@ -107,13 +108,14 @@ def use_preset(session, preset_name):
 
 
 @friendly
-def build(session, anchor, augments, every, anchor_layers, augment_layers, heads, gate, insert="after", recency=0):
+def build(session, anchor, augments, every, anchor_layers, augment_layers, heads, gate, insert="after", recency=0,
+          null_slot=False):
     session = session or LabSession()
     parse = lambda text: [int(x) for x in text.replace(" ", "").split(",") if x] or None
     try:
         config = CALMConfig(every=int(every), anchor_layers=parse(anchor_layers), augment_layers=parse(augment_layers),
                             num_heads=int(heads) or None, gate=gate, insert=insert or "after",
-                            recency=int(recency or 0))
+                            recency=int(recency or 0), null_slot=bool(null_slot))
     except ValueError:
         raise CALMError("Layers are comma-separated integers, e.g. 1,3.") from None
     session.build(anchor, augments.replace(",", "\n").splitlines(), config)
@@ -300,6 +302,7 @@ def build_app() -> gr.Blocks:
                         insert = gr.Radio(list(INSERT_POINTS), value="after",
                                           label="bridge at each anchor layer's output (after) or input (before)")
                         recency = gr.Number(0, label="recency biases (0 = none)", precision=0, minimum=0)
+                        null_slot = gr.Checkbox(False, label="null slot (attention may write nothing)")
                     build_btn = gr.Button("Compose")
                 models = gr.Dataframe(headers=MODEL_HEADERS, label="Models", interactive=False)
                 bridge_md = gr.Markdown()
@@ -395,7 +398,7 @@ def build_app() -> gr.Blocks:
         eval_outs = [eval_choice, paper_md, preset_data, metrics]
         demo.load(start, [preset], model_outs + data_outs + eval_outs, api_name="start")
         preset_btn.click(use_preset, [session, preset], model_outs + data_outs + eval_outs, api_name="use_preset")
-        build_btn.click(build, [session, anchor, augments, every, anchor_layers, augment_layers, heads, gate, insert, recency],
+        build_btn.click(build, [session, anchor, augments, every, anchor_layers, augment_layers, heads, gate, insert, recency, null_slot],
                         model_outs,
                         api_name="build")
         upload.change(inspect_upload, [session, upload], data_outs, api_name="inspect_upload")

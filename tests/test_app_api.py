@@ -246,6 +246,19 @@ def test_unknown_model(client, tmp_path):
     assert len(client.predict(api_name="/gates")) == 3
 
 
+def test_compose_with_the_bridge_options(client, tmp_path):
+    from calm_core.tiny import char_tokenizer, tiny_model
+
+    tok = char_tokenizer()
+    for name, arch, seed in (("anchor", "gpt2", 1), ("augment", "llama", 2)):
+        tiny_model(arch, len(tok), layers=2, width=32, seed=seed).save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    outputs = client.predict(str(tmp_path / "anchor"), str(tmp_path / "augment"), 1, "", "", 0, "channel", "before", 2,
+                             True, api_name="/build")
+    summary = next(x for x in outputs if isinstance(x, str) and "Bridge:" in x)
+    assert "added before each anchor layer, 2 recency biases per head, a null slot." in summary
+
+
 def test_upload_over_the_size_limit(client, tmp_path):
     big = tmp_path / "big.jsonl"
     with open(big, "wb") as f:

@@ -86,14 +86,7 @@ def value_oracle(anchor, tokenizer, kv: KVSpace, n: int = 100, blank_letters: bo
         for k, after in zip(ks, ops + ["="]):
             rows += [torch.zeros_like(table[0]) if blank_letters else table[vocab[c]] for c in k[:-1]]
             rows += [table[vocab[str(kv.values[k])]], table[vocab[after]]]
-        x, answer = torch.stack(rows)[None], ""
-        for _ in range(6):
-            token = int(anchor(inputs_embeds=x).logits[0, -1].argmax())
-            if token == tokenizer.eos_token_id:
-                break
-            answer += tokenizer.convert_ids_to_tokens(token)
-            x = torch.cat([x, table[token][None, None]], 1)
-        hits += answer == str(evaluate([kv.values[k] for k in ks], ops))
+        hits += _greedy_embeds(anchor, tokenizer, torch.stack(rows)) == str(evaluate([kv.values[k] for k in ks], ops))
     return hits / n
 
 
@@ -167,6 +160,7 @@ def linear_oracle(augment, anchor, tokenizer, kv: KVSpace, layer: int = -1, ridg
 
 
 def _greedy_embeds(model, tokenizer, embeds, max_new_tokens: int = 6) -> str:
+    """Greedy decoding from input embeddings (T, D) of one prompt."""
     table, x, answer = model.get_input_embeddings().weight, embeds[None], ""
     for _ in range(max_new_tokens):
         token = int(model(inputs_embeds=x).logits[0, -1].argmax())

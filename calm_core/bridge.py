@@ -82,11 +82,10 @@ class GatedCrossAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)
         else:
             scores = q @ keys.transpose(-1, -2) / math.sqrt(self.head_dim) + bias
-            weights = scores.softmax(-1)
-            weights = weights[..., 1:] if self.null_key is not None else weights
-            weights = weights * visible[:, None]
+            real = visible.shape[-1]  # the augmenting states; a null slot (value zero) comes before them
+            weights = scores.softmax(-1)[..., -real:] * visible[:, None]
             record.append(weights.detach().float().cpu())
-            out = weights @ values[..., -weights.shape[-1]:, :]
+            out = weights @ values[..., -real:, :]
         B, H, T, D = out.shape
         out = self.o(out.transpose(1, 2).reshape(B, T, H * D))
         out = out * visible.any(-1, keepdim=True)

@@ -208,10 +208,11 @@ def input_embeddings(model, input_ids, labels, merged, numbers: torch.Tensor, no
     table = model.get_input_embeddings()
     x = table(input_ids)
     is_merged = merged >= 0
-    x = x + table(merged.clamp(min=0)) * is_merged[..., None]
+    merged_rows = table(merged.clamp(min=0))
+    x = x + merged_rows * is_merged[..., None]
     if noise:
         operand = (numbers[input_ids] | is_merged) & (labels == -100)
-        number = torch.where(is_merged[..., None], table(merged.clamp(min=0)), x)
+        number = torch.where(is_merged[..., None], merged_rows, x)
         size = number.norm(dim=-1, keepdim=True) / number.shape[-1] ** 0.5
         x = x + noise * size * torch.randn_like(x) * operand[..., None]
     return x

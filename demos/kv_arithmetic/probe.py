@@ -92,11 +92,11 @@ def value_oracle(anchor, tokenizer, kv: KVSpace, n: int = 100, blank_letters: bo
 
 def _kv_math_rows(kv: KVSpace, tokenizer, keys: list[str], n: int, seed: int):
     """(token ids with BOS, positions of each key's last letter, values, answer) per expression."""
-    from .data import expressions
+    from .data import expressions, formats
 
     rows = []
     for ks, ops in expressions(kv.values, keys, n, 2, seed=seed):
-        prompt = "".join(k + op for k, op in zip(ks, ops + ["="]))
+        prompt = formats(kv.values, ks, ops)["kv_math"][0]
         ends, pos = [], 0
         for k in ks:
             pos += len(k)

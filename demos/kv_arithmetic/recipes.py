@@ -47,9 +47,9 @@ def anchor_sampler(max_value: int, operands: int, forbidden: set[str] = frozense
     arithmetic finds an operand as the token before an operator rather than at a fixed distance
     from "="; with probability `merged` the operand *is* such a word, its value's embedding added
     at the word's last letter ("qw+22=" -> "117"): how the bridge will hand it a key's value."""
-    def name(rng, shortest: int = 1):
+    def name(rng):
         while True:
-            k = random_key(rng, shortest)
+            k = random_key(rng, 1)
             if k not in forbidden:
                 return k
 

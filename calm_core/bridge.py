@@ -20,7 +20,7 @@ class GatedCrossAttention(nn.Module):
     """Anchor layer j attends to the projected states of augmenting layer i."""
 
     def __init__(self, augment_width: int, anchor_width: int, num_heads: int, gate: str = "channel", norm: bool = True,
-                 recency: int = 0, null_slot: bool = False):
+                 recency: int = 0, null_slot: bool = False, window: int = 0):
         super().__init__()
         if anchor_width % num_heads:
             raise CALMError(f"{num_heads} cross-attention heads do not divide the anchor width {anchor_width}.")
@@ -33,6 +33,7 @@ class GatedCrossAttention(nn.Module):
         self.v = nn.Linear(anchor_width, anchor_width, bias=False)
         self.o = nn.Linear(anchor_width, anchor_width, bias=False)  # W^O
         self.gate_type = gate
+        self.window = window  # 0: every visible augmenting state; W: only the W newest of them
         # attention bias by age: 0 for the newest visible augmenting token, 1 for the one before, ...
         self.recency = nn.Parameter(torch.zeros(num_heads, recency)) if recency else None
         # a learned key per head whose value is zero: attending to it writes nothing at that position
@@ -64,15 +65,19 @@ class GatedCrossAttention(nn.Module):
         """
         keys, values = memory
         dtype = anchor_states.dtype
+        age = None
+        if self.recency is not None or self.window:
+            age = visible.flip(-1).cumsum(-1).flip(-1) - 1  # visible tokens after this one (B, T, T_aug)
+        if self.window:
+            visible = visible & (age < self.window)
         q = self._heads(self.q(self.norm_anchor(anchor_states.to(self.q.weight.dtype))))
         # Masked entries get the most negative finite value, never -inf: rows that see nothing
         # stay finite (and are zeroed below), so neither outputs nor gradients can be NaN.
         bias = torch.zeros(visible.shape, dtype=q.dtype, device=q.device)
         bias = bias.masked_fill(~visible, torch.finfo(q.dtype).min)[:, None]  # (B, 1, T, T_aug)
         if self.recency is not None:
-            age = visible.flip(-1).cumsum(-1).flip(-1) - 1  # visible tokens after this one (B, T, T_aug)
-            age = age.clamp(0, self.recency.shape[1] - 1)
-            bias = bias + self.recency.to(q.dtype)[:, age].permute(1, 0, 2, 3) * visible[:, None]
+            bucket = age.clamp(0, self.recency.shape[1] - 1)
+            bias = bias + self.recency.to(q.dtype)[:, bucket].permute(1, 0, 2, 3) * visible[:, None]
         if self.null_key is not None:  # column 0: the null slot, visible from every row
             B, H, _, D = keys.shape
             keys = torch.cat([self.null_key.to(keys.dtype)[None, :, None].expand(B, H, 1, D), keys], 2)
@@ -102,11 +107,12 @@ class AugmentBridge(nn.Module):
     """The composition blocks between the anchor and one augmenting model."""
 
     def __init__(self, pairs: list[tuple[int, int]], augment_width: int, anchor_width: int, num_heads: int,
-                 gate: str, norm: bool, recency: int = 0, null_slot: bool = False):
+                 gate: str, norm: bool, recency: int = 0, null_slot: bool = False, window: int = 0):
         super().__init__()
         self.pairs = [tuple(p) for p in pairs]  # (anchor layer, augmenting layer), 0-based
         self.blocks = nn.ModuleList(
-            GatedCrossAttention(augment_width, anchor_width, num_heads, gate, norm, recency, null_slot) for _ in pairs
+            GatedCrossAttention(augment_width, anchor_width, num_heads, gate, norm, recency, null_slot, window)
+            for _ in pairs
         )
 
     @property

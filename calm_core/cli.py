@@ -35,6 +35,8 @@ def _add_bridge_shape(p: argparse.ArgumentParser) -> None:
                    help="learned cross-attention biases per head for the N newest augmenting states (0: none)")
     p.add_argument("--null-slot", action="store_true",
                    help="a learned null key (zero value) in the cross-attention: the bridge may write nothing")
+    p.add_argument("--window", type=int, default=0,
+                   help="each anchor token attends only to the N newest augmenting states (0: all visible)")
 
 
 def _int_list(text: str) -> list[int]:
@@ -128,7 +130,7 @@ def _parse(argv) -> argparse.Namespace:
 def _calm_config(args) -> CALMConfig:
     return CALMConfig(every=args.every, anchor_layers=args.anchor_layers, augment_layers=args.augment_layers,
                       num_heads=args.heads, gate=args.gate, insert=args.insert,
-                      recency=args.recency, null_slot=args.null_slot)
+                      recency=args.recency, null_slot=args.null_slot, window=args.window)
 
 
 def _dtype(name):

@@ -79,7 +79,7 @@ class ComposedLM:
             AugmentBridge(
                 self.config.layer_pairs(self.anchor.info.num_layers, m.info.num_layers),
                 m.info.width, self.anchor.info.width, heads, self.config.gate, self.config.norm,
-                self.config.recency, self.config.null_slot,
+                self.config.recency, self.config.null_slot, self.config.window,
             )
             for m in self.augments
         ]).to(device_of(self.anchor.model))

@@ -32,6 +32,9 @@ class CALMConfig:
     null_slot:      a learned key per head with a zero value, visible from every position: attending to it
                     writes nothing, so a bridge can leave the positions where it has nothing to add alone
                     (softmax attention otherwise always writes some mix of augmenting states).
+    window:         0, or how many of the newest visible augmenting states each anchor token may attend to
+                    (1: only the one aligned with it). A narrow window keeps a bridge trained on few
+                    examples from keying on whole contexts (memorising them) instead of the aligned state.
     """
 
     every: int = 4
@@ -43,10 +46,15 @@ class CALMConfig:
     insert: str = "after"
     recency: int = 0
     null_slot: bool = False
+    window: int = 0
 
     def __post_init__(self):
         if not isinstance(self.recency, int) or self.recency < 0:
             raise CALMError(f"CALMConfig.recency must be a non-negative integer, got {self.recency!r}.")
+        if not isinstance(self.window, int) or self.window < 0:
+            raise CALMError(f"CALMConfig.window must be a non-negative integer, got {self.window!r}.")
+        if not isinstance(self.null_slot, bool):
+            raise CALMError(f"CALMConfig.null_slot must be True or False, got {self.null_slot!r}.")
         if self.insert not in INSERT_POINTS:
             raise CALMError(f"CALMConfig.insert must be one of {INSERT_POINTS}, got {self.insert!r}.")
         if self.gate not in GATE_TYPES:

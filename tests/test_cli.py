@@ -64,9 +64,9 @@ def test_bridge_shape_options_reach_the_saved_bridge(workspace):
     from calm_core import ComposedLM
 
     out = workspace / "run_shape"
-    assert run_train(workspace, out, "--insert", "before", "--recency", "2", "--null-slot") == 0
+    assert run_train(workspace, out, "--insert", "before", "--recency", "2", "--null-slot", "--window", "1") == 0
     config = ComposedLM.from_pretrained(out / "bridge").config
-    assert (config.insert, config.recency, config.null_slot) == ("before", 2, True)
+    assert (config.insert, config.recency, config.null_slot, config.window) == ("before", 2, True, 1)
 
 
 def test_yaml_config_and_command_line_precedence(workspace, tmp_path):

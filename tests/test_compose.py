@@ -14,12 +14,13 @@ PAIRS = list(zip(ARCHITECTURES, ARCHITECTURES[1:] + ARCHITECTURES[:1]))
 TOKENIZERS = {"shared": ("char_bos", "char_bos"), "different": ("char_bos", "bpe"), "bpe_anchor": ("bpe_bos", "char")}
 
 
-def build(tokenizers, anchor_arch, augment_arch, mode, gate="channel", insert="after", recency=0, null_slot=False):
+def build(tokenizers, anchor_arch, augment_arch, mode, gate="channel", insert="after", recency=0, null_slot=False,
+          window=0):
     anchor_tok, augment_tok = TOKENIZERS[mode]
     anchor = make_pair(anchor_arch, tokenizers[anchor_tok], layers=4, width=32, seed=1)
     augment = make_pair(augment_arch, tokenizers[augment_tok], layers=2, width=16, heads=2, seed=2)
     return ComposedLM(anchor, [augment], CALMConfig(every=1, gate=gate, insert=insert, recency=recency,
-                                                    null_slot=null_slot))
+                                                    null_slot=null_slot, window=window))
 
 
 def anchor_alone(calm, texts):
@@ -63,14 +64,15 @@ EDITS = [
 ]
 
 
-@pytest.mark.parametrize("insert, recency, null_slot", [("after", 0, False), ("before", 0, False), ("after", 3, False),
-                                                      ("before", 3, True)])
+@pytest.mark.parametrize("insert, recency, null_slot, window", [("after", 0, False, 0), ("before", 0, False, 0),
+                                                              ("after", 3, False, 0), ("before", 3, True, 1)])
 @pytest.mark.parametrize("mode", list(TOKENIZERS))
 @pytest.mark.parametrize("anchor_arch, augment_arch", PAIRS[:4])
 @torch.no_grad()
-def test_no_information_flows_from_the_future(tokenizers, anchor_arch, augment_arch, mode, insert, recency, null_slot):
+def test_no_information_flows_from_the_future(tokenizers, anchor_arch, augment_arch, mode, insert, recency, null_slot,
+                                               window):
     calm = randomize_bridge(build(tokenizers, anchor_arch, augment_arch, mode, insert=insert, recency=recency,
-                                  null_slot=null_slot))
+                                  null_slot=null_slot, window=window))
     for a, b in EDITS:
         n = prefix_positions(calm, a, b)
         assert n > 0
@@ -324,3 +326,24 @@ def test_inspection_settings_belong_to_the_calling_thread_and_streams_keep_their
         anchor_text = composed.generate("hello", max_new_tokens=6)
     torch.testing.assert_close(other["logits"], full)
     assert "".join(pieces) == anchor_text != composed.generate("hello", max_new_tokens=6)
+
+
+@pytest.mark.parametrize("window, null_slot", [(1, False), (2, False), (2, True)])
+@torch.no_grad()
+def test_a_window_hides_all_but_the_newest_visible_states(window, null_slot):
+    """With window W each anchor row reads only its W newest visible augmenting states: changing any older
+    state (or one it may not see at all) leaves the row unchanged, changing a newest one changes it."""
+    from calm_core.bridge import GatedCrossAttention
+
+    torch.manual_seed(0)
+    block = GatedCrossAttention(8, 16, 4, gate="none", window=window, null_slot=null_slot)
+    states, anchor = torch.randn(1, 6, 8), torch.randn(1, 5, 16)
+    visible = torch.ones(5, 6, dtype=torch.bool).tril(1)[None]  # anchor row t sees augmenting states 0..t+1
+    visible[0, 4, 3] = False  # a hole: row 4 sees 0, 1, 2, 4, 5
+    out = block(anchor, block.memory(states), visible)
+    for row, newest in [(0, [1, 0]), (2, [3, 2]), (4, [5, 4])]:
+        for col in range(6):
+            changed = states.clone()
+            changed[0, col] = torch.randn(8)
+            moved = not torch.allclose(block(anchor, block.memory(changed), visible)[0, row], out[0, row])
+            assert moved == (col in newest[:window]), (row, col)

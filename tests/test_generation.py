@@ -10,11 +10,12 @@ from .conftest import make_pair, randomize_bridge
 MODES = {"shared": ("char_bos", "char_bos"), "different": ("char_bos", "bpe"), "bpe_anchor": ("bpe", "char_bos")}
 
 
-def build(tokenizers, mode, anchor_arch="gpt2", augment_arch="llama", insert="after", recency=0, null_slot=False):
+def build(tokenizers, mode, anchor_arch="gpt2", augment_arch="llama", insert="after", recency=0, null_slot=False,
+          window=0):
     anchor = make_pair(anchor_arch, tokenizers[MODES[mode][0]], layers=4, seed=1)
     augment = make_pair(augment_arch, tokenizers[MODES[mode][1]], layers=2, width=16, heads=2, seed=2)
     return randomize_bridge(ComposedLM(anchor, [augment], CALMConfig(every=1, insert=insert, recency=recency,
-                                                                       null_slot=null_slot)), std=0.5)
+                                                                       null_slot=null_slot, window=window)), std=0.5)
 
 
 PROMPTS = ["hello wor", "naïve ca", "12 + 3"]
@@ -24,12 +25,13 @@ PROMPTS = ["hello wor", "naïve ca", "12 + 3"]
     (mode, arch, "after") for mode in MODES for arch in [("gpt2", "llama"), ("qwen2", "opt"), ("gpt_neox", "gemma")]
 ] + [("shared", ("llama", "gpt2"), "before"), ("different", ("gpt2", "qwen2"), "before"),
       ("shared", ("llama", "gpt2"), "recency"), ("different", ("gpt2", "qwen2"), "recency"),
-      ("different", ("llama", "gpt2"), "null")])
+      ("different", ("llama", "gpt2"), "null"), ("shared", ("llama", "gpt2"), "window"),
+      ("different", ("gpt2", "qwen2"), "window")])
 @torch.no_grad()
 def test_cached_greedy_equals_recomputed_and_stream(tokenizers, mode, arch, insert):
-    recency = 3 if insert in ("recency", "null") else 0
+    recency = 3 if insert in ("recency", "null", "window") else 0
     calm = build(tokenizers, mode, *arch, insert="after" if recency else insert, recency=recency,
-                 null_slot=insert == "null")
+                 null_slot=insert in ("null", "window"), window=2 if insert == "window" else 0)
     for prompt in PROMPTS:
         cached = calm.generate(prompt, max_new_tokens=24, return_dict=True)
         fresh = calm.generate(prompt, max_new_tokens=24, use_cache=False, return_dict=True)

@@ -28,7 +28,8 @@ def test_round_trip_gives_identical_logits(composed, tmp_path, capsys):
 def test_round_trip_of_a_bridge_with_every_option(tokenizers, tmp_path):
     anchor = make_pair("llama", tokenizers["char_bos"], layers=2, width=32, seed=1)
     augment = make_pair("gpt2", tokenizers["char_bos"], layers=2, width=16, heads=2, seed=2)
-    config = CALMConfig(anchor_layers=[0], augment_layers=[1], gate="scalar", insert="before", recency=3, null_slot=True)
+    config = CALMConfig(anchor_layers=[0], augment_layers=[1], gate="scalar", insert="before", recency=3, null_slot=True,
+                        window=2)
     calm = randomize_bridge(ComposedLM(anchor, [augment], config))
     calm.save_pretrained(tmp_path)
     loaded = ComposedLM.from_pretrained(tmp_path, anchor=anchor, augments=[augment])

@@ -82,7 +82,8 @@ def _model_outputs(session: LabSession):
                f"{total:,}; {len(labels)} composition layers, gate type `{calm.config.gate}`, "
                f"added {calm.config.insert} each anchor layer"
                + (f", {calm.config.recency} recency biases per head" if calm.config.recency else "")
-               + (", a null slot" if calm.config.null_slot else "") + ".")
+               + (", a null slot" if calm.config.null_slot else "")
+               + (f", a window of {calm.config.window} augmenting states" if calm.config.window else "") + ".")
     diagram = figures.layer_diagram(calm.anchor.info.num_layers, [m.info.num_layers for m in calm.augments],
                                     calm.layer_pairs(), calm.anchor.info.name, [m.info.name for m in calm.augments],
                                     insert=calm.config.insert)
@@ -109,13 +110,14 @@ def use_preset(session, preset_name):
 
 @friendly
 def build(session, anchor, augments, every, anchor_layers, augment_layers, heads, gate, insert="after", recency=0,
-          null_slot=False):
+          null_slot=False, window=0):
     session = session or LabSession()
     parse = lambda text: [int(x) for x in text.replace(" ", "").split(",") if x] or None
     try:
         config = CALMConfig(every=int(every), anchor_layers=parse(anchor_layers), augment_layers=parse(augment_layers),
                             num_heads=int(heads) or None, gate=gate, insert=insert or "after",
-                            recency=int(recency or 0), null_slot=bool(null_slot))
+                            recency=int(recency or 0), null_slot=bool(null_slot),
+                            window=int(window or 0))
     except ValueError:
         raise CALMError("Layers are comma-separated integers, e.g. 1,3.") from None
     session.build(anchor, augments.replace(",", "\n").splitlines(), config)
@@ -303,6 +305,8 @@ def build_app() -> gr.Blocks:
                                           label="bridge at each anchor layer's output (after) or input (before)")
                         recency = gr.Number(0, label="recency biases (0 = none)", precision=0, minimum=0)
                         null_slot = gr.Checkbox(False, label="null slot (attention may write nothing)")
+                        window = gr.Number(0, label="window: newest augmenting states each token sees (0 = all)",
+                                           precision=0, minimum=0)
                     build_btn = gr.Button("Compose")
                 models = gr.Dataframe(headers=MODEL_HEADERS, label="Models", interactive=False)
                 bridge_md = gr.Markdown()
@@ -398,7 +402,8 @@ def build_app() -> gr.Blocks:
         eval_outs = [eval_choice, paper_md, preset_data, metrics]
         demo.load(start, [preset], model_outs + data_outs + eval_outs, api_name="start")
         preset_btn.click(use_preset, [session, preset], model_outs + data_outs + eval_outs, api_name="use_preset")
-        build_btn.click(build, [session, anchor, augments, every, anchor_layers, augment_layers, heads, gate, insert, recency, null_slot],
+        build_btn.click(build, [session, anchor, augments, every, anchor_layers, augment_layers, heads, gate, insert, recency, null_slot,
+                                        window],
                         model_outs,
                         api_name="build")
         upload.change(inspect_upload, [session, upload], data_outs, api_name="inspect_upload")

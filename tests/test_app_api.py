@@ -254,9 +254,10 @@ def test_compose_with_the_bridge_options(client, tmp_path):
         tiny_model(arch, len(tok), layers=2, width=32, seed=seed).save_pretrained(tmp_path / name)
         tok.save_pretrained(tmp_path / name)
     outputs = client.predict(str(tmp_path / "anchor"), str(tmp_path / "augment"), 1, "", "", 0, "channel", "before", 2,
-                             True, api_name="/build")
+                             True, 1, api_name="/build")
     summary = next(x for x in outputs if isinstance(x, str) and "Bridge:" in x)
-    assert "added before each anchor layer, 2 recency biases per head, a null slot." in summary
+    assert ("added before each anchor layer, 2 recency biases per head, a null slot, a window of 1 augmenting states."
+            in summary)
 
 
 def test_upload_over_the_size_limit(client, tmp_path):

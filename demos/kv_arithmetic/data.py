@@ -82,7 +82,8 @@ def evaluate(numbers: list[int], ops: list[str]) -> int:
 
 
 def formats(values: dict[str, int], keys: list[str], ops: list[str]) -> dict[str, tuple[str, str]]:
-    """The three paper data sets for one expression: name -> (prompt, completion)."""
+    """The three paper data sets for one expression, name -> (prompt, completion), and KV-MATH with the
+    values written out before the result ("kv_math_shown": the answer of an anchor that restates its operands)."""
     numbers = [values[k] for k in keys]
     key_expr, num_expr = render(keys, ops), render(numbers, ops)
     answer = str(evaluate(numbers, ops))
@@ -90,7 +91,18 @@ def formats(values: dict[str, int], keys: list[str], ops: list[str]) -> dict[str
         "kv_subs": (key_expr + "=", num_expr),
         "num_math": (num_expr + "=", answer),
         "kv_math": (key_expr + "=", answer),
+        "kv_math_shown": (key_expr + "=", num_expr + "=" + answer),
     }
+
+
+def final_result(text: str) -> str:
+    """What an answer says the expression equals: the text after its last "=" ("95+22=117" -> "117")."""
+    return text.strip().rsplit("=", 1)[-1]
+
+
+def substitution(text: str) -> str:
+    """An answer's first part, the expression with values ("95+22=117" -> "95+22")."""
+    return text.strip().split("=", 1)[0]
 
 
 def expressions(values: dict[str, int], keys: list[str], n: int, operands: int, seed: int,

@@ -6,7 +6,9 @@ m_A (augmenting): knows D_KV, never sees arithmetic. Formats of D_KV only:
   plus value heads (base.ValueHeads) reading each key's value at the character after the key.
 m_B (anchor): does arithmetic, never sees a key of D_KV: NUM-MATH "95+22=" -> "117", some operands
   labelled by a random word ("qw95+22="), and some given as a random word that carries the
-  operand's embedding at its last letter ("qw+22=" -> "117", 95 merged into "w"; base.MERGED).
+  operand's embedding at its last letter ("qw+22=" -> "117", 95 merged into "w"; base.MERGED). With
+  `restate`, an expression with any such word operand is answered with its operands first:
+  "qw+22=" -> "95+22=117".
 """
 from __future__ import annotations
 
@@ -39,14 +41,17 @@ def augment_sampler(values: dict[str, int], operands: int, lookup: float = 0.3, 
 
 
 def anchor_sampler(max_value: int, operands: int, forbidden: set[str] = frozenset(), labels: float = 0.0,
-                   merged: float = 0.0):
+                   merged: float = 0.0, restate: bool = False):
     """NUM-MATH with random operands in [1, max_value] ("95+22=" -> "117"). Each operand's value is
     read by the value heads (if any) at the character after it. Per operand, with probability
     `labels` a random lowercase word of 1-6 letters, never one of `forbidden`, comes first
     ("qw95+22=" -> "117"): text around numbers, as a general-purpose anchor has seen, so that its
     arithmetic finds an operand as the token before an operator rather than at a fixed distance
     from "="; with probability `merged` the operand *is* such a word, its value's embedding added
-    at the word's last letter ("qw+22=" -> "117"): how the bridge will hand it a key's value."""
+    at the word's last letter ("qw+22=" -> "117"): how the bridge will hand it a key's value. With `restate`
+    an expression with a word among its operands is answered "95+22=117": the anchor first writes each
+    operand it read, then computes from what it wrote (plain "95+22=" stays "117"). Reading a value off a
+    word is then learned per operand, and a bridge gets a direct signal for each value it hands over."""
     def name(rng):
         while True:
             k = random_key(rng, 1)
@@ -57,15 +62,17 @@ def anchor_sampler(max_value: int, operands: int, forbidden: set[str] = frozense
         n = rng.randint(2, operands) if operands > 2 else 2
         nums = [rng.randint(1, max_value) for _ in range(n)]
         ops = [rng.choice("+-") for _ in range(n - 1)]
-        segs = []
+        segs, worded = [], False
         for x, after in zip(nums, ops + ["="]):
             r = rng.random()
+            worded |= r < merged + labels
             if r < merged:
                 segs += [(name(rng), False, x, MERGED), (after, False)]
                 continue
             if r < merged + labels:
                 segs.append((name(rng), False))
             segs += [(str(x), False), (after, False, x)]
-        return segs + [(str(evaluate(nums, ops)), True)]
+        answer = str(evaluate(nums, ops))
+        return segs + [((render(nums, ops) + "=" + answer) if restate and worded else answer, True)]
 
     return sample

@@ -47,6 +47,7 @@ class Settings:
     compose_insert: str = "after"  # the bridge reads and writes each anchor layer's output (the paper)
     compose_recency: int = 0
     compose_null_slot: bool = False
+    compose_window: int = 0
     compose_steps: int = 1200
     compose_batch: int = 16
     compose_lr: float = 3e-3

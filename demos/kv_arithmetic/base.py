@@ -70,7 +70,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls) -> Non
     for f in dataclasses.fields(settings_cls):
         flag, value = "--" + f.name.replace("_", "-"), getattr(defaults, f.name)
         if isinstance(value, bool):
-            parser.add_argument(flag, action="store_true", default=None)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
         elif isinstance(value, list):
             parser.add_argument(flag, type=int, nargs="+", default=None)
         else:

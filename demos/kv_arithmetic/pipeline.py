@@ -105,6 +105,9 @@ def make_data(s: Settings, out: Path) -> dict:
         "eval_kv_math_trainkeys": fmt(train_eval, "kv_math"),
         "kv_lookups": D.kv_lookups(kv.values, list(kv.values)),
     }
+    if s.anchor_restate:  # for the app's exact match: the values and the result, as the anchor answers
+        files["eval_kv_math_heldout_shown"] = fmt(held, "kv_math_shown")
+        files["eval_kv_math_trainkeys_shown"] = fmt(train_eval, "kv_math_shown")
     paths = {name: str(D.write_jsonl(out / "data" / f"{name}.jsonl", rows)) for name, rows in files.items()}
     (out / "data" / "kv.json").write_text(json.dumps(kv.to_dict()))
     return {"kv": kv, "files": files, "paths": paths}
@@ -325,7 +328,9 @@ def run(s: Settings, out: Path, controls: bool = True, until: str | None = None)
         "example_prompts": [p for p, _ in held[:EXAMPLE_PROMPTS]],
         "table": table,
         "paper_table": PAPER_TABLE,
-        "eval_files": {row: f"data/{name}.jsonl" for row, name in ROW_FILES.items()},
+        # the app scores by exact match: KV-MATH rows in the anchor's answer format where it restates
+        "eval_files": {row: f"data/{name}{'_shown' if s.anchor_restate and 'kv_math' in name else ''}.jsonl"
+                       for row, name in ROW_FILES.items()},
         "train_file": "data/composition_train.jsonl",
         "validation_file": "data/composition_validation.jsonl",
         "anchor": "anchor", "augment": "augment", "bridge": "bridge",

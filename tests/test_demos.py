@@ -27,11 +27,12 @@ def test_formats_match_the_paper():
     assert f["kv_math"] == ("ab+xyz-q=", "8")
 
 
-@pytest.mark.parametrize("operands", [2, 3])
-def test_splits_keep_heldout_keys_out_of_composition_data(tmp_path, operands):
+@pytest.mark.parametrize("operands, restate", [(2, True), (3, True), (2, False)])
+def test_splits_keep_heldout_keys_out_of_composition_data(tmp_path, operands, restate):
     from demos.kv_arithmetic.pipeline import Settings, make_data
 
-    s = Settings(keys=60, operands=operands, compose_examples=400, eval_examples=50)  # more than 12 keys allow
+    s = Settings(keys=60, operands=operands, compose_examples=400, eval_examples=50,  # more than 12 keys allow
+                 anchor_restate=restate)
     splits = make_data(s, tmp_path)
     kv, files = splits["kv"], splits["files"]
     held, train = set(kv.heldout_keys), set(kv.train_keys)
@@ -46,7 +47,12 @@ def test_splits_keep_heldout_keys_out_of_composition_data(tmp_path, operands):
                 continue
             assert pattern.match(prompt), prompt
             assert set(keys) <= train and not set(keys) & held
-            assert re.fullmatch(r"-?\d+", completion)
+            result = str(D.evaluate([kv.values[k] for k in keys], re.findall(r"[+-]", prompt)))
+            if restate and name != "eval_kv_math_trainkeys":  # the anchor's answer: the values, then the result
+                values = D.render([kv.values[k] for k in keys], re.findall(r"[+-]", prompt))
+                assert completion == f"{values}={result}"
+            else:
+                assert completion == result
     assert 0 < n_num < len(files["composition_train"])
     assert all(files[name] for name in files), {name: len(rows) for name, rows in files.items()}
     composed = {prompt for prompt, _ in files["composition_train"] + files["composition_validation"]}
@@ -219,3 +225,32 @@ def test_value_heads_regression_fits_one_hot_digit_codes():
     assert ValueHeads(8, [0], regression=True)._digit_loss(exact, digits) == 0
     assert ValueHeads(8, [0], regression=True)._digit_loss(10 * exact, digits) > 1  # separable is not enough
     assert ValueHeads(8, [0])._digit_loss(10 * exact, digits) < 1e-3
+
+
+@pytest.mark.parametrize("restate", [True, False])
+def test_a_restating_anchor_writes_word_operands_before_the_result(restate):
+    """With restate, an expression with a word operand (labelled or merged) is answered "95+22=117", a
+    plain one "117"; never a key of D_KV among the words. Scoring reads the result and the substitution."""
+    import random
+
+    from demos.kv_arithmetic.base import MERGED
+    from demos.kv_arithmetic.recipes import anchor_sampler
+
+    kv = D.make_kv(50, seed=0)
+    sample = anchor_sampler(100, 2, forbidden=set(kv.values), labels=0.3, merged=0.3, restate=restate)
+    rng, seen = random.Random(1), set()
+    for _ in range(300):
+        segments = sample(rng)
+        answer = segments[-1][0]
+        words = [seg[0] for seg in segments if seg[0].isalpha()]
+        numbers = [seg[2] if MERGED in seg[3:] else int(seg[0]) for seg in segments[:-1]
+                   if (len(seg) > 3 and MERGED in seg[3:]) or seg[0].isdigit()]
+        ops = [seg[0] for seg in segments[:-1] if seg[0] in "+-"]
+        result = str(D.evaluate(numbers, ops))
+        assert not set(words) & set(kv.values)
+        expected = f"{D.render(numbers, ops)}={result}" if restate and words else result
+        assert answer == expected
+        assert D.final_result(answer) == result
+        assert D.substitution(answer) == (D.render(numbers, ops) if expected != result else result)
+        seen.add(bool(words))
+    assert seen == {True, False}

@@ -402,8 +402,8 @@ def build_app() -> gr.Blocks:
         eval_outs = [eval_choice, paper_md, preset_data, metrics]
         demo.load(start, [preset], model_outs + data_outs + eval_outs, api_name="start")
         preset_btn.click(use_preset, [session, preset], model_outs + data_outs + eval_outs, api_name="use_preset")
-        build_btn.click(build, [session, anchor, augments, every, anchor_layers, augment_layers, heads, gate, insert, recency, null_slot,
-                                        window],
+        build_btn.click(build, [session, anchor, augments, every, anchor_layers, augment_layers, heads, gate, insert,
+                                recency, null_slot, window],
                         model_outs,
                         api_name="build")
         upload.change(inspect_upload, [session, upload], data_outs, api_name="inspect_upload")

@@ -65,9 +65,8 @@ class GatedCrossAttention(nn.Module):
         """
         keys, values = memory
         dtype = anchor_states.dtype
-        age = None
-        if self.recency is not None or self.window:
-            age = visible.flip(-1).cumsum(-1).flip(-1) - 1  # visible tokens after this one (B, T, T_aug)
+        # age: visible augmenting tokens after this one (B, T, T_aug); 0 for the newest
+        age = visible.flip(-1).cumsum(-1).flip(-1) - 1 if self.recency is not None or self.window else None
         if self.window:
             visible = visible & (age < self.window)
         q = self._heads(self.q(self.norm_anchor(anchor_states.to(self.q.weight.dtype))))

@@ -73,8 +73,8 @@ class Settings:
         """Every stage and option at a tiny scale."""
         return cls(keys=30, augment_layers=2, anchor_layers=2, width=32, augment_steps=20, anchor_steps=20,
                    augment_batch=16, anchor_batch=16, augment_value_layers=[1], augment_value_regression=True,
-                   anchor_value_layers=[1], compose_anchor_layers=[1], compose_augment_layers=[1], compose_recency=2, compose_steps=10, compose_batch=8, compose_examples=60,
-                   finetune_steps=10, eval_examples=12)
+                   anchor_value_layers=[1], compose_anchor_layers=[1], compose_augment_layers=[1], compose_recency=2,
+                   compose_steps=10, compose_batch=8, compose_examples=60, finetune_steps=10, eval_examples=12)
 
 
 # ---- 1. data ---------------------------------------------------------------------------------
@@ -260,7 +260,8 @@ def accuracy(target, tokenizer, rows, max_new_tokens: int, part=D.final_result) 
     from calm_core.data import Example
     from calm_core.evaluation import as_composed, predictions
 
-    answers = predictions(as_composed(target, tokenizer), [Example(p, c) for p, c in rows], max_new_tokens=max_new_tokens)
+    examples = [Example(p, c) for p, c in rows]
+    answers = predictions(as_composed(target, tokenizer), examples, max_new_tokens=max_new_tokens)
     return 100.0 * sum(part(a) == part(c) for a, (_, c) in zip(answers, rows)) / max(1, len(rows))
 
 
@@ -328,8 +329,8 @@ def run(s: Settings, out: Path, controls: bool = True, until: str | None = None)
         "example_prompts": [p for p, _ in held[:EXAMPLE_PROMPTS]],
         "table": table,
         "paper_table": PAPER_TABLE,
-        # the app scores by exact match: KV-MATH rows in the anchor's answer format where it restates
-        "eval_files": {row: f"data/{name}{'_shown' if s.anchor_restate and 'kv_math' in name else ''}.jsonl"
+        # the app scores by exact match: a row's file in the anchor's answer format where make_data wrote one
+        "eval_files": {row: f"data/{name + '_shown' if name + '_shown' in files else name}.jsonl"
                        for row, name in ROW_FILES.items()},
         "train_file": "data/composition_train.jsonl",
         "validation_file": "data/composition_validation.jsonl",

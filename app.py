@@ -169,9 +169,10 @@ def use_data(session, file, preset_file, prompt_col, completion_col, text_col, v
 
 @gpu
 @friendly
-def train(session, steps, lr, batch_size, gate_lr_scale=1.0, progress=gr.Progress()):
+def train(session, steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0, progress=gr.Progress()):
     session = _session(session)
     config = TrainConfig(steps=int(steps), lr=float(lr), batch_size=int(batch_size), gate_lr_scale=float(gate_lr_scale or 1.0),
+                         augment_noise=float(augment_noise or 0.0),
                          log_every=max(1, int(steps) // 40),
                          eval_every=max(1, int(steps) // 10), warmup_steps=max(1, int(steps) // 10), progress=False)
     run = session.start_training(config)
@@ -330,6 +331,7 @@ def build_app() -> gr.Blocks:
                     lr = gr.Number(1e-3, label="learning rate")
                     batch = gr.Number(16, label="batch size", precision=0)
                     gate_lr = gr.Number(1.0, label="gate learning rate × (closed tanh gates open slowly; try 10-50)")
+                    augment_noise = gr.Number(0.0, label="noise on augmenting states (few distinct inputs: try 1)")
                 with gr.Row():
                     train_btn = gr.Button("Train", variant="primary")
                     stop_btn = gr.Button("Stop", variant="stop")
@@ -409,7 +411,7 @@ def build_app() -> gr.Blocks:
         upload.change(inspect_upload, [session, upload], data_outs, api_name="inspect_upload")
         use_data_btn.click(use_data, [session, upload, preset_data, prompt_col, completion_col, text_col, val_fraction],
                            data_note, api_name="use_data")
-        train_btn.click(train, [session, steps, lr, batch, gate_lr], [train_status, loss_plot, gate_plot], api_name="train",
+        train_btn.click(train, [session, steps, lr, batch, gate_lr, augment_noise], [train_status, loss_plot, gate_plot], api_name="train",
                         concurrency_limit=None)
         stop_btn.click(stop, session, train_status, api_name="stop", concurrency_limit=None)
         download_btn.click(download_bridge, session, bridge_file, api_name="download_bridge")

@@ -8,6 +8,7 @@ starts exactly equal to the anchor).
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,9 @@ class GatedCrossAttention(nn.Module):
         self.o = nn.Linear(anchor_width, anchor_width, bias=False)  # W^O
         self.gate_type = gate
         self.window = window  # 0: every visible augmenting state; W: only the W newest of them
+        # Gaussian noise on the augmenting states, std relative to each state's RMS: set only while the
+        # bridge trains (noisy_augment_states), never at inference
+        self.augment_noise, self.noise_generator = 0.0, None
         # attention bias by age: 0 for the newest visible augmenting token, 1 for the one before, ...
         self.recency = nn.Parameter(torch.zeros(num_heads, recency)) if recency else None
         # a learned key per head whose value is zero: attending to it writes nothing at that position
@@ -54,7 +58,12 @@ class GatedCrossAttention(nn.Module):
     def memory(self, augment_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (B, heads, T_aug, head_dim) from augmenting states (B, T_aug, D_A).
         Computed once per augmenting token; generation appends to them."""
-        x = self.proj(self.norm_augment(augment_states.to(self.proj.weight.dtype)))
+        x = augment_states.to(self.proj.weight.dtype)
+        if self.augment_noise:  # before any bridge parameter, so the bridge cannot learn to out-scale it
+            rms = x.detach().pow(2).mean(-1, keepdim=True).sqrt()
+            noise = torch.randn(x.shape, generator=self.noise_generator, device=x.device, dtype=x.dtype)
+            x = x + self.augment_noise * rms * noise
+        x = self.proj(self.norm_augment(x))
         return self._heads(self.k(x)), self._heads(self.v(x))
 
     def forward(self, anchor_states, memory, visible, scale: float = 1.0, record: list | None = None):
@@ -100,6 +109,20 @@ class GatedCrossAttention(nn.Module):
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         return x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+
+
+@contextmanager
+def noisy_augment_states(blocks: list[GatedCrossAttention], std: float, generator: torch.Generator | None = None):
+    """Within the block, every block adds Gaussian noise (std relative to each state's RMS) to the augmenting
+    states it reads. Input noise acts like ridge regression: a bridge trained on few distinct augmenting
+    inputs (say, 40 keys) cannot key on low-signal directions that would not carry over to unseen inputs."""
+    try:
+        for block in blocks:
+            block.augment_noise, block.noise_generator = std, generator
+        yield
+    finally:
+        for block in blocks:
+            block.augment_noise, block.noise_generator = 0.0, None
 
 
 class AugmentBridge(nn.Module):

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .batches import collate, prepare, token_losses
+from .bridge import noisy_augment_states
 from .data import Example
 from .errors import CALMError
 from .persistence import save_bridge
@@ -39,6 +40,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     gate_lr_scale: float = 1.0  # the tanh gates' learning rate is lr * gate_lr_scale (a closed gate opens slowly)
     grad_clip: float = 1.0
+    augment_noise: float = 0.0  # Gaussian noise on the augmenting states while training, relative to their RMS
     log_every: int = 10
     eval_every: int = 50
     eval_examples: int = 256
@@ -58,6 +60,8 @@ class TrainConfig:
                 raise CALMError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}.")
         if self.lr <= 0:
             raise CALMError(f"TrainConfig.lr must be > 0, got {self.lr}.")
+        if self.augment_noise < 0:
+            raise CALMError(f"TrainConfig.augment_noise must be >= 0, got {self.augment_noise}.")
         if self.gate_lr_scale <= 0:
             raise CALMError(f"TrainConfig.gate_lr_scale must be > 0, got {self.gate_lr_scale}.")
         if self.batch_size % self.grad_accum:
@@ -202,10 +206,14 @@ class Trainer:
         total = self.dist.sum_(torch.tensor(float(sum(self.train_rows[i].num_targets for i in indices[self.dist.rank::self.dist.world]))))
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros(())
+        # the noise is a function of (seed, step, rank), like the batches, so a resumed run matches
+        generator = torch.Generator(self._device_type()).manual_seed(
+            (cfg.seed * 1000003 + self.step) * 64 + self.dist.rank) if cfg.augment_noise else None
         for micro in self._micro_batches(indices):
             batch, labels = collate(calm, [self.train_rows[i] for i in micro])
             states = self._cached_states(micro) if use_cache else None
-            with torch.autocast(self._device_type(), dtype=torch.bfloat16, enabled=cfg.bf16):
+            with torch.autocast(self._device_type(), dtype=torch.bfloat16, enabled=cfg.bf16), \
+                    noisy_augment_states(calm.bridge.blocks(), cfg.augment_noise, generator):
                 logits = calm.forward(batch, augment_states=states)
             losses = token_losses(logits, labels.to(logits.device))
             (losses.sum() / total.clamp(min=1)).backward()

@@ -46,10 +46,12 @@ def text_of(message: dict) -> str:
     return "".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
-def train(client: Client, steps: int, lr: float = 1e-2, batch_size: int = 4, gate_lr_scale: float | None = None) -> tuple:
-    if gate_lr_scale is None:  # the widget's default
+def train(client: Client, steps: int, lr: float = 1e-2, batch_size: int = 4, gate_lr_scale: float | None = None,
+          augment_noise: float | None = None) -> tuple:
+    if gate_lr_scale is None and augment_noise is None:  # the widgets' defaults
         return client.predict(steps, lr, batch_size, api_name="/train")
-    return client.predict(steps, lr, batch_size, gate_lr_scale, api_name="/train")
+    return client.predict(steps, lr, batch_size, 1.0 if gate_lr_scale is None else gate_lr_scale,
+                          0.0 if augment_noise is None else augment_noise, api_name="/train")
 
 
 def plotly_data(plot) -> list:
@@ -342,3 +344,14 @@ def test_gate_learning_rate_widget_opens_the_gates_faster(app_url):  # noqa: F81
         return max(abs(y) for trace in plotly_data(gate_plot) for y in trace.get("y", []) if isinstance(y, (int, float)))
 
     assert widest_gate(30.0) > 5 * widest_gate(1.0)
+
+
+def test_augment_noise_widget_reaches_the_trainer(app_url):  # noqa: F811
+    def gates_after(noise):
+        client = lab(app_url)  # a fresh session on the untrained preset bridge
+        assert train(client, 4, 1e-2, 4, augment_noise=noise)[0].startswith("Step 4/4")
+        return client.predict(api_name="/gates")[:2]
+
+    assert gates_after(1.0) != gates_after(0.0) == gates_after(0.0)
+    with pytest.raises(AppError, match="augment_noise must be >= 0"):
+        train(lab(app_url), 4, 1e-2, 4, augment_noise=-1.0)

@@ -69,6 +69,14 @@ def test_bridge_shape_options_reach_the_saved_bridge(workspace):
     assert (config.insert, config.recency, config.null_slot, config.window) == ("before", 2, True, 1)
 
 
+def test_augment_noise_option_reaches_the_trainer(workspace):
+    out = workspace / "run_noise"
+    assert run_train(workspace, out, "--augment-noise", "0.5") == 0
+    checkpoint = json.loads((out / "checkpoints" / "step-000006" / "bridge_config.json").read_text())
+    assert checkpoint["train_config"]["augment_noise"] == 0.5
+    assert run_train(workspace, workspace / "run_bad_noise", "--augment-noise", "-1") == 2
+
+
 def test_yaml_config_and_command_line_precedence(workspace, tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("steps: 4\nlr: 0.002\nwarmup_steps: 3\nseed: 5\n")

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from calm_core import CALMConfig, ComposedLM
-from calm_core.batches import collate
+from calm_core.batches import collate, prepare
+from calm_core.bridge import noisy_augment_states
 from calm_core.data import Example
 from calm_core.training import TrainConfig, Trainer
 
@@ -64,8 +65,8 @@ def test_stop_keeps_what_was_learned(calm, tmp_path):
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
 
 
-@pytest.mark.parametrize("cache", [False, True])
-def test_resume_reaches_the_same_bridge(tokenizers, tmp_path, cache):
+@pytest.mark.parametrize("cache, noise", [(False, 0.0), (True, 0.0), (True, 0.5)])
+def test_resume_reaches_the_same_bridge(tokenizers, tmp_path, cache, noise):
     def fresh():
         anchor = make_pair("gpt2", tokenizers["char_bos"], layers=2, width=32, seed=1)
         augment = make_pair("llama", tokenizers["bpe"], layers=2, width=24, seed=2)
@@ -74,13 +75,13 @@ def test_resume_reaches_the_same_bridge(tokenizers, tmp_path, cache):
 
     train = reverse_task(40, 0)  # 40 examples, batch 8: the run crosses epochs
     whole = fresh()
-    Trainer(whole, train, None, config(steps=20, cache_augment_states=cache)).train()
+    Trainer(whole, train, None, config(steps=20, cache_augment_states=cache, augment_noise=noise)).train()
 
     first = fresh()
-    Trainer(first, train, None, config(steps=20, checkpoint_every=10, cache_augment_states=cache,
+    Trainer(first, train, None, config(steps=20, checkpoint_every=10, cache_augment_states=cache, augment_noise=noise,
                                        out_dir=str(tmp_path))).train()
     second = fresh()
-    trainer = Trainer(second, train, None, config(steps=20, cache_augment_states=cache))
+    trainer = Trainer(second, train, None, config(steps=20, cache_augment_states=cache, augment_noise=noise))
     trainer.resume(tmp_path / "checkpoints" / "step-000010")
     assert trainer.step == 10
     trainer.train()
@@ -174,3 +175,47 @@ def test_gate_learning_rate_scale_must_be_positive():
 
     with pytest.raises(CALMError, match="gate_lr_scale"):
         TrainConfig(gate_lr_scale=0)
+
+
+def test_augment_noise_is_relative_and_cleared_after_use(calm):
+    blocks = calm.bridge.blocks()
+    states = torch.randn(2, 5, 24)
+    plain = blocks[0].memory(states)
+
+    def noisy(x):
+        with noisy_augment_states(blocks, 0.5, torch.Generator().manual_seed(0)):
+            return blocks[0].memory(x)
+
+    keys, values = noisy(states)
+    assert not torch.allclose(values, plain[1])
+    # relative to each state's RMS: a state 100x larger gets 100x the noise, the same after LayerNorm
+    torch.testing.assert_close(noisy(100 * states)[1], values, atol=1e-4, rtol=1e-4)
+    with pytest.raises(RuntimeError):
+        with noisy_augment_states(blocks, 0.5):
+            raise RuntimeError
+    assert all(b.augment_noise == 0 and b.noise_generator is None for b in blocks)
+    torch.testing.assert_close(blocks[0].memory(states)[1], plain[1])
+
+
+def test_augment_noise_changes_training_reproducibly_and_never_inference(tokenizers):
+    def trained(noise):
+        anchor = make_pair("gpt2", tokenizers["char_bos"], layers=2, width=32, seed=1)
+        augment = make_pair("llama", tokenizers["bpe"], layers=2, width=24, seed=2)
+        torch.manual_seed(0)
+        c = ComposedLM(anchor, [augment], CALMConfig(every=1))
+        Trainer(c, reverse_task(16, 0), None, config(steps=3, warmup_steps=1, augment_noise=noise)).train()
+        return c
+
+    quiet, noisy, again = trained(0.0), trained(1.0), trained(1.0)
+    v = lambda c: c.bridge.blocks()[0].v.weight
+    assert not torch.allclose(v(quiet), v(noisy))
+    torch.testing.assert_close(v(noisy), v(again), atol=0, rtol=0)
+    batch, _ = collate(noisy, prepare(noisy, reverse_task(4, 1), None, True)[0])
+    torch.testing.assert_close(noisy.forward(batch), noisy.forward(batch), atol=0, rtol=0)
+
+
+def test_augment_noise_must_not_be_negative():
+    from calm_core.errors import CALMError
+
+    with pytest.raises(CALMError, match="augment_noise"):
+        TrainConfig(augment_noise=-0.1)

@@ -58,6 +58,7 @@ class Settings:
     compose_steps: int = 1500
     compose_batch: int = 32
     compose_lr: float = 3e-3
+    compose_noise: float = 1.0  # Gaussian noise on m_A states while the bridge trains (TrainConfig.augment_noise)
     compose_examples: int = 3000  # KV-MATH expressions over the training keys
     num_math_share: float = 0.2  # NUM-MATH mixed into the composition data (keeps m_B's arithmetic)
     # control: the anchor fine-tuned directly on the composition data
@@ -211,7 +212,7 @@ def compose(s, anchor, augment, tokenizer, files: dict, out_dir: Path | None, la
                                         null_slot=s.compose_null_slot, window=s.compose_window))
     train = [Example(p, c) for p, c in files["composition_train"]]
     val = [Example(p, c) for p, c in files["composition_validation"]]
-    config = TrainConfig(steps=s.compose_steps, lr=s.compose_lr, batch_size=s.compose_batch,
+    config = TrainConfig(steps=s.compose_steps, lr=s.compose_lr, batch_size=s.compose_batch, augment_noise=s.compose_noise,
                          warmup_steps=min(20, max(1, s.compose_steps // 10)), eval_every=max(1, s.compose_steps // 4),
                          log_every=max(1, s.compose_steps // 12), seed=s.seed, progress=False)
     log(f"{label}: training the bridge ({calm.num_parameters()[0]:,d} parameters), {s.compose_steps} steps")

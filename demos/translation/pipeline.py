@@ -51,6 +51,7 @@ class Settings:
     compose_steps: int = 1200
     compose_batch: int = 16
     compose_lr: float = 3e-3
+    compose_noise: float = 0.0  # Gaussian noise on m_A states while the bridge trains (TrainConfig.augment_noise)
     # control: the anchor fine-tuned directly on the parallel set (same batch size as the bridge)
     finetune_steps: int = 1200
     finetune_lr: float = 1e-3

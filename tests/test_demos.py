@@ -254,3 +254,22 @@ def test_a_restating_anchor_writes_word_operands_before_the_result(restate):
         assert D.substitution(answer) == (D.render(numbers, ops) if expected != result else result)
         seen.add(bool(words))
     assert seen == {True, False}
+
+
+def test_shipped_preset_carries_values_of_held_out_keys():
+    """The shipped bridge (loaded the way the app loads it) answers expressions over keys it never trained on,
+    which the anchor alone cannot."""
+    from calm_core import ComposedLM
+    from calm_core.presets import list_presets, load_preset
+    from demos.kv_arithmetic.pipeline import ROW_SCORES, accuracy
+
+    if "kv_arithmetic" not in list_presets():
+        pytest.skip("presets/kv_arithmetic not built yet (python -m demos.kv_arithmetic)")
+    preset = load_preset("kv_arithmetic")
+    calm = ComposedLM.from_pretrained(preset.bridge)
+    rows = D.read_jsonl(preset.data_files["eval_kv_math_heldout.jsonl"])[:40]
+    row = "KV-MATH (held-out keys)"
+    composed = accuracy(calm, None, rows, 30, ROW_SCORES[row])
+    anchor = accuracy(calm.anchor.model, calm.anchor.tokenizer, rows, 30, ROW_SCORES[row])
+    assert anchor <= 5 and composed >= 40 + anchor
+    assert abs(composed - preset.table[row]["CALM"]) <= 25  # 40 of the table's 300 rows

@@ -23,7 +23,7 @@ from .recipes import anchor_sampler, augment_sampler
 
 @dataclass
 class Settings:
-    keys: int = 200
+    keys: int = 500
     operands: int = 2
     seed: int = 0
     train_share: float = 0.2
@@ -31,7 +31,7 @@ class Settings:
     augment_layers: int = 4
     anchor_layers: int = 4
     width: int = 128
-    augment_steps: int = 600
+    augment_steps: int = 1500
     anchor_steps: int = 1500
     augment_batch: int = 128
     anchor_batch: int = 256
@@ -55,10 +55,10 @@ class Settings:
     compose_recency: int = 0  # learned attention biases for the newest m_A states (CALMConfig.recency)
     compose_null_slot: bool = True  # a null key the bridge may attend to, to write nothing (CALMConfig.null_slot)
     compose_window: int = 1  # how many of the newest m_A states each anchor token sees (CALMConfig.window)
-    compose_steps: int = 1500
+    compose_steps: int = 3000
     compose_batch: int = 32
     compose_lr: float = 3e-3
-    compose_noise: float = 1.0  # Gaussian noise on m_A states while the bridge trains (TrainConfig.augment_noise)
+    compose_noise: float = 0.5  # Gaussian noise on m_A states while the bridge trains (TrainConfig.augment_noise)
     compose_examples: int = 3000  # KV-MATH expressions over the training keys
     num_math_share: float = 0.2  # NUM-MATH mixed into the composition data (keeps m_B's arithmetic)
     # control: the anchor fine-tuned directly on the composition data

@@ -331,7 +331,7 @@ def build_app() -> gr.Blocks:
                     lr = gr.Number(1e-3, label="learning rate")
                     batch = gr.Number(16, label="batch size", precision=0)
                     gate_lr = gr.Number(1.0, label="gate learning rate × (closed tanh gates open slowly; try 10-50)")
-                    augment_noise = gr.Number(0.0, label="noise on augmenting states (few distinct inputs: try 1)")
+                    augment_noise = gr.Number(0.0, label="noise on augmenting states (few distinct augmenting inputs: try 0.5-1)")
                 with gr.Row():
                     train_btn = gr.Button("Train", variant="primary")
                     stop_btn = gr.Button("Stop", variant="stop")

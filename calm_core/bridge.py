@@ -113,8 +113,8 @@ class GatedCrossAttention(nn.Module):
 
 @contextmanager
 def noisy_augment_states(blocks: list[GatedCrossAttention], std: float, generator: torch.Generator | None = None):
-    """Within the block, every block adds Gaussian noise (std relative to each state's RMS) to the augmenting
-    states it reads. Input noise acts like ridge regression: a bridge trained on few distinct augmenting
+    """Inside the `with`, each composition block adds Gaussian noise (std relative to each state's RMS) to the
+    augmenting states it reads. Input noise acts like ridge regression: a bridge trained on few distinct augmenting
     inputs (say, 40 keys) cannot key on low-signal directions that would not carry over to unseen inputs."""
     try:
         for block in blocks:

@@ -60,7 +60,7 @@ class TrainConfig:
                 raise CALMError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}.")
         if self.lr <= 0:
             raise CALMError(f"TrainConfig.lr must be > 0, got {self.lr}.")
-        if self.augment_noise < 0:
+        if not math.isfinite(self.augment_noise) or self.augment_noise < 0:
             raise CALMError(f"TrainConfig.augment_noise must be >= 0, got {self.augment_noise}.")
         if self.gate_lr_scale <= 0:
             raise CALMError(f"TrainConfig.gate_lr_scale must be > 0, got {self.gate_lr_scale}.")

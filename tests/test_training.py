@@ -217,5 +217,6 @@ def test_augment_noise_changes_training_reproducibly_and_never_inference(tokeniz
 def test_augment_noise_must_not_be_negative():
     from calm_core.errors import CALMError
 
-    with pytest.raises(CALMError, match="augment_noise"):
-        TrainConfig(augment_noise=-0.1)
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(CALMError, match="augment_noise"):
+            TrainConfig(augment_noise=bad)

@@ -57,7 +57,7 @@ class Settings:
     compose_window: int = 1  # how many of the newest m_A states each anchor token sees (CALMConfig.window)
     compose_steps: int = 3000
     compose_batch: int = 32
-    compose_lr: float = 3e-3
+    compose_lr: float = 5e-3
     compose_noise: float = 0.5  # Gaussian noise on m_A states while the bridge trains (TrainConfig.augment_noise)
     compose_examples: int = 3000  # KV-MATH expressions over the training keys
     num_math_share: float = 0.2  # NUM-MATH mixed into the composition data (keeps m_B's arithmetic)

@@ -256,6 +256,41 @@ def test_a_restating_anchor_writes_word_operands_before_the_result(restate):
     assert seen == {True, False}
 
 
+def test_a_given_restatement_is_input_and_the_words_carry_other_values():
+    """With `given`, some expressions with merged words come with their operands written as input (no
+    loss) and words that carry a wrong value: only the result is a target, computed from the written
+    operands. Plain expressions and the other worded ones are unchanged."""
+    import random
+
+    from demos.kv_arithmetic.base import MERGED
+    from demos.kv_arithmetic.recipes import anchor_sampler, other_value
+
+    sample = anchor_sampler(100, 2, merged=0.5, restate=True, given=0.5)
+    rng, kinds = random.Random(3), set()
+    for _ in range(300):
+        segments = sample(rng)
+        written, answer = segments[-2], segments[-1]
+        given = written[0].endswith("=") and written[0] != "="
+        operands = [("word", seg[2]) if len(seg) > 3 and MERGED in seg[3:] else ("number", int(seg[0]))
+                    for seg in segments[:-2 if given else -1] if seg[0].isdigit() or (len(seg) > 3 and MERGED in seg[3:])]
+        if not given:
+            kinds.add("restated" if any(kind == "word" for kind, _ in operands) else "plain")
+            continue
+        kinds.add("given")
+        assert written[1] is False and answer[1] is True and answer[0].lstrip("-").isdigit()
+        shown = [int(x) for x in written[0][:-1].replace("-", "+").split("+")]
+        assert len(shown) == len(operands) and any(kind == "word" for kind, _ in operands)
+        for (kind, value), x in zip(operands, shown):
+            assert value != x if kind == "word" else value == x
+        ops = [ch for ch in written[0] if ch in "+-"]
+        assert answer[0] == str(D.evaluate(shown, ops))
+    assert kinds == {"plain", "restated", "given"}
+    rng = random.Random(0)
+    for x, top in ((1, 100), (7, 100), (99, 100), (100, 100), (250, 300)):
+        others = {other_value(rng, x, top) for _ in range(200)}
+        assert x not in others and min(others) >= 1 and max(others) <= top
+
+
 def test_shipped_preset_carries_values_of_held_out_keys():
     """The shipped bridge (loaded the way the app loads it) answers expressions over keys it never trained on,
     which the anchor alone cannot."""

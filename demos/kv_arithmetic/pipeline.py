@@ -44,6 +44,8 @@ class Settings:
     anchor_merged: float = 0.3  # share of m_B's operands given as a random word carrying the value (base.MERGED)
     anchor_operand_noise: float = 0.3  # Gaussian noise on m_B's operand embeddings, relative to their size
     anchor_restate: bool = True  # m_B answers expressions with word operands as "95+22=117" (recipes.anchor_sampler)
+    # share of those given "95+22=" with other values in the words: m_B computes from what it wrote (finding 16)
+    anchor_given: float = 0.5
     parallel_base: bool = True
     # composition (the bridge)
     # into the anchor's token embeddings (layer 0, "before"), where m_B reads a word's value, from m_A's
@@ -132,7 +134,8 @@ def train_one_base(name: str, s: Settings, kv: D.KVSpace, files: dict, out: Path
     else:
         layers, steps, batch, seed, warmup = s.anchor_layers, s.anchor_steps, s.anchor_batch, s.seed + 1, 100
         sampler = anchor_sampler(s.keys, s.operands, forbidden=set(kv.values), labels=s.anchor_labels,
-                                 merged=s.anchor_merged, restate=s.anchor_restate)
+                                 merged=s.anchor_merged, restate=s.anchor_restate,
+                                 given=s.anchor_given)
         value_layers, noise = s.anchor_value_layers, s.anchor_operand_noise
         rows, metric = files["eval_num_math"][:200], "num_math"
     prefix = "m_A" if name == "augment" else "m_B"

@@ -41,7 +41,7 @@ def augment_sampler(values: dict[str, int], operands: int, lookup: float = 0.3, 
 
 
 def anchor_sampler(max_value: int, operands: int, forbidden: set[str] = frozenset(), labels: float = 0.0,
-                   merged: float = 0.0, restate: bool = False):
+                   merged: float = 0.0, restate: bool = False, given: float = 0.0):
     """NUM-MATH with random operands in [1, max_value] ("95+22=" -> "117"). Each operand's value is
     read by the value heads (if any) at the character after it. Per operand, with probability
     `labels` a random lowercase word of 1-6 letters, never one of `forbidden`, comes first
@@ -51,7 +51,11 @@ def anchor_sampler(max_value: int, operands: int, forbidden: set[str] = frozense
     at the word's last letter ("qw+22=" -> "117"): how the bridge will hand it a key's value. With `restate`
     an expression with a word among its operands is answered "95+22=117": the anchor first writes each
     operand it read, then computes from what it wrote (plain "95+22=" stays "117"). Reading a value off a
-    word is then learned per operand, and a bridge gets a direct signal for each value it hands over."""
+    word is then learned per operand, and a bridge gets a direct signal for each value it hands over.
+    With probability `given`, an expression with merged words comes with its operands already written
+    (input, no loss) while its words carry other values (one digit off or random, see other_value):
+    only the result is learned, so the result is computed from the written operands, not from what the
+    words carried (which, through a bridge, is only approximately a value)."""
     def name(rng):
         while True:
             k = random_key(rng, 1)
@@ -62,17 +66,35 @@ def anchor_sampler(max_value: int, operands: int, forbidden: set[str] = frozense
         n = rng.randint(2, operands) if operands > 2 else 2
         nums = [rng.randint(1, max_value) for _ in range(n)]
         ops = [rng.choice("+-") for _ in range(n - 1)]
-        segs, worded = [], False
+        segs, worded, words = [], False, False
+        give = restate and rng.random() < given
         for x, after in zip(nums, ops + ["="]):
             r = rng.random()
             worded |= r < merged + labels
             if r < merged:
-                segs += [(name(rng), False, x, MERGED), (after, False)]
+                words = True
+                carried = other_value(rng, x, max_value) if give else x
+                segs += [(name(rng), False, carried, MERGED), (after, False)]
                 continue
             if r < merged + labels:
                 segs.append((name(rng), False))
             segs += [(str(x), False), (after, False, x)]
         answer = str(evaluate(nums, ops))
+        if give and words:
+            return segs + [(render(nums, ops) + "=", False), (answer, True)]
         return segs + [((render(nums, ops) + "=" + answer) if restate and worded else answer, True)]
 
     return sample
+
+
+def other_value(rng: random.Random, x: int, max_value: int) -> int:
+    """A value in [1, max_value] other than x: half the time one of x's digits changed (the mistakes
+    a bridge makes), otherwise any value."""
+    while True:
+        if rng.random() < 0.5:
+            place = 10 ** rng.randrange(len(str(max_value)))
+            y = x + (rng.randrange(10) - x // place % 10) * place
+        else:
+            y = rng.randint(1, max_value)
+        if y != x and 1 <= y <= max_value:
+            return y

@@ -8,7 +8,8 @@ m_B (anchor): does arithmetic, never sees a key of D_KV: NUM-MATH "95+22=" -> "1
   labelled by a random word ("qw95+22="), and some given as a random word that carries the
   operand's embedding at its last letter ("qw+22=" -> "117", 95 merged into "w"; base.MERGED). With
   `restate`, an expression with any such word operand is answered with its operands first:
-  "qw+22=" -> "95+22=117".
+  "qw+22=" -> "95+22=117"; with `given`, some such expressions come with "95+22=" written as input and
+  words carrying other values, and only the result "117" is learned.
 """
 from __future__ import annotations
 
@@ -66,13 +67,13 @@ def anchor_sampler(max_value: int, operands: int, forbidden: set[str] = frozense
         n = rng.randint(2, operands) if operands > 2 else 2
         nums = [rng.randint(1, max_value) for _ in range(n)]
         ops = [rng.choice("+-") for _ in range(n - 1)]
-        segs, worded, words = [], False, False
+        segs, worded, has_merged = [], False, False
         give = restate and rng.random() < given
         for x, after in zip(nums, ops + ["="]):
             r = rng.random()
             worded |= r < merged + labels
             if r < merged:
-                words = True
+                has_merged = True
                 carried = other_value(rng, x, max_value) if give else x
                 segs += [(name(rng), False, carried, MERGED), (after, False)]
                 continue
@@ -80,7 +81,7 @@ def anchor_sampler(max_value: int, operands: int, forbidden: set[str] = frozense
                 segs.append((name(rng), False))
             segs += [(str(x), False), (after, False, x)]
         answer = str(evaluate(nums, ops))
-        if give and words:
+        if give and has_merged:
             return segs + [(render(nums, ops) + "=", False), (answer, True)]
         return segs + [((render(nums, ops) + "=" + answer) if restate and worded else answer, True)]
 

@@ -112,8 +112,14 @@ def model_lock(model: nn.Module) -> threading.RLock:
 
 
 def load_causal_lm(name_or_path: str, dtype=None, trust_remote_code: bool = False, device=None):
-    """(model, fast tokenizer) from a local folder or a hub id, frozen."""
+    """(model, fast tokenizer) from a local folder, a hub id or a .gguf file (dequantised), frozen."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from .gguf_files import is_gguf, load_gguf
+
+    if is_gguf(name_or_path):
+        model, tokenizer = load_gguf(name_or_path, dtype=dtype)
+        return freeze(model.to(device) if device is not None else model), tokenizer
 
     try:
         config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)

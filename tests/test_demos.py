@@ -1,6 +1,7 @@
 """The demos' data generators and a smoke run of each pipeline at a tiny scale."""
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -201,6 +202,9 @@ def test_kv_smoke_pipeline(tmp_path):
         assert (tmp_path / part).exists(), part
     preset = json.loads((tmp_path / "preset.json").read_text())
     assert {"name", "title", "description", "example_prompts", "table", "paper_table", "eval_files"} <= set(preset)
+    assert preset["protocol"] and "another protocol" in preset["description"]
+    written = json.loads((tmp_path / "table.json").read_text())
+    assert {"protocol", "answer_formats", "column_notes", "departures"} <= set(written)
     assert not list(tmp_path.glob("*.done"))  # the base models' hand-over markers are cleaned up
     from demos.kv_arithmetic.report import table_figure
 
@@ -308,3 +312,37 @@ def test_shipped_preset_carries_values_of_held_out_keys():
     anchor = accuracy(calm.anchor.model, calm.anchor.tokenizer, rows, 30, ROW_SCORES[row])
     assert anchor <= 5 and composed >= 40 + anchor
     assert abs(composed - preset.table[row]["CALM"]) <= 25  # 40 of the table's 300 rows
+
+
+SHIPPED_KV_TABLE = Path(__file__).resolve().parent.parent / "presets" / "kv_arithmetic" / "table.json"
+
+
+def test_kv_table_labels_say_what_was_measured():
+    """Issue 18: the paper's numbers come with its protocol and ours, the answer format and the departures."""
+    from demos.kv_arithmetic import report
+
+    table = {row: {col: 50.0 for col in report.COLUMNS} for row in report.ROWS}
+    md = report.markdown(table, settings={"keys": 500, "operands": 2, "train_share": 0.2, "anchor_restate": True})
+    assert "`k1+k2=` -> `v1+v2=r`" in md and "the number alone" in md and "paper CALM ¹" in md
+    assert "¹ The paper's Table 1 under its own protocol" in md and "development set" in md
+    assert not re.search(r"\bmet\b|beats the paper", md.replace("met or beaten", "").replace("meets or beats", ""))
+    plain = report.protocol({"anchor_restate": False})
+    assert "`k1+k2=` -> `r`" in plain and "v1+v2" not in plain
+    notes = report.column_notes()
+    assert set(report.COLUMNS) | set(report.PAPER_COLUMNS) <= set(notes)
+
+
+def test_kv_relabel_keeps_every_measured_number(tmp_path):
+    """relabel() rewrites the labels of a table.json without touching what was measured."""
+    from demos.kv_arithmetic import report
+
+    if not SHIPPED_KV_TABLE.is_file():
+        pytest.skip("presets/kv_arithmetic not built")
+    shipped = json.loads(SHIPPED_KV_TABLE.read_text())
+    (tmp_path / "table.json").write_text(json.dumps(shipped))
+    report.relabel(tmp_path)
+    again = json.loads((tmp_path / "table.json").read_text())
+    assert again == shipped  # the shipped files are what relabel writes
+    assert shipped["protocol"] and len(shipped["departures"]) == 4 and shipped["checks"]
+    assert "97.5%" in " ".join(shipped["checks"]) and "0%" in " ".join(shipped["checks"])
+    assert (tmp_path / "table.md").read_text() == (SHIPPED_KV_TABLE.parent / "table.md").read_text()

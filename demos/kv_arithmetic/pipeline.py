@@ -313,9 +313,9 @@ def run(s: Settings, out: Path, controls: bool = True, until: str | None = None)
              for row, cols in evaluate_all(columns, files, s.operands, s.eval_examples).items()}
     times["evaluate_s"] = time.perf_counter() - t
     times["total_s"] = time.perf_counter() - t0
-    from .report import PAPER_TABLE, markdown, save
+    from .report import PAPER_TABLE, markdown, protocol, save
 
-    print("\n" + markdown(table) + "\n", flush=True)
+    print("\n" + markdown(table, settings=asdict(s)) + "\n", flush=True)
     meta = {"settings": asdict(s), "times_s": {k: round(v, 1) for k, v in times.items()},
             "eval_examples": s.eval_examples, "compose_history": comp["history"]}
     save(table, out, meta)
@@ -328,11 +328,14 @@ def run(s: Settings, out: Path, controls: bool = True, until: str | None = None)
             f"arithmetic; m_B (anchor, {s.anchor_layers}x{s.width}) does +/- arithmetic and never saw a key. The bridge "
             f"was trained on arithmetic over {s.train_share:.0%} of the keys only; try expressions over the other keys. "
             f"Measured on held-out keys: CALM {table['KV-MATH (held-out keys)']['CALM']:.1f}% exact "
-            f"(m_A {table['KV-MATH (held-out keys)']['m_A']:.1f}%, m_B {table['KV-MATH (held-out keys)']['m_B']:.1f}%; "
-            f"the paper: 84.3%)."),
+            f"(m_A {table['KV-MATH (held-out keys)']['m_A']:.1f}%, m_B {table['KV-MATH (held-out keys)']['m_B']:.1f}%), "
+            f"scored on the result after the values the anchor restates. The paper's 84.3% is for another protocol "
+            f"(composition on KV-SUBS, KV-MATH answered with the number alone): see table.md."),
         "example_prompts": [p for p, _ in held[:EXAMPLE_PROMPTS]],
         "table": table,
         "paper_table": PAPER_TABLE,
+        "paper_table_title": "The paper's Table 1 beside ours (accuracy %): not the same protocol, see protocol",
+        "protocol": protocol(asdict(s)),
         # the app scores by exact match: a row's file in the anchor's answer format where make_data wrote one
         "eval_files": {row: f"data/{name + '_shown' if name + '_shown' in files else name}.jsonl"
                        for row, name in ROW_FILES.items()},

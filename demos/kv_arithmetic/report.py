@@ -1,37 +1,150 @@
-"""The paper's Table 1 beside ours: JSON, markdown and a plotly figure."""
+"""The paper's Table 1 beside ours, labelled with what each side measured: JSON, markdown and a plotly figure.
+
+Our table and the paper's are not the same measurement (issue 18): the protocol, the answer format and
+the departures from the paper are written into every file next to the paper's numbers (`protocol`,
+`answer_formats`, `column_notes`, `departures`, `checks` in table.json). `relabel(out_dir)` rewrites the
+labels and the three files from an existing table.json without recomputing anything
+(`python -m demos.kv_arithmetic.report presets/kv_arithmetic`)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 ROWS = ["KV-SUBS", "NUM-MATH", "KV-MATH (held-out keys)", "KV-MATH (train keys)"]
 COLUMNS = ["m_A", "m_B", "CALM", "m_B fine-tuned (20% keys)", "CALM with random m_A"]
+PAPER_COLUMNS = ["paper m_A", "paper m_B", "paper CALM"]
 # Table 1 of the paper (accuracy %); the paper reports no KV-MATH on training keys nor these controls.
 PAPER_TABLE = {
     "KV-SUBS": {"m_A": 98.1, "m_B": 0.0, "CALM": 92.9},
     "NUM-MATH": {"m_A": 4.2, "m_B": 73.7, "CALM": 72.0},
     "KV-MATH (held-out keys)": {"m_A": 0.7, "m_B": 0.0, "CALM": 84.3},
 }
+PAPER_PROTOCOL = ("pretrained PaLM2 models trained plainly (m_A on KV-SUBS, m_B as it is), composition "
+                  "on KV-SUBS over 20% of 25K keys (no arithmetic in its composition data), evaluation on KV-MATH "
+                  "over held-out keys answered with the number alone, 3-6 keys with +, - and x")
+# Measured on the shipped preset's models after its table was made (issue 18); relabel() keeps a table.json's own.
+SHIPPED_CHECKS = [
+    "Fresh expressions over held-out keys, checked from outside (issue 18): CALM 95-98%, the anchor alone "
+    "0-0.2%, no key knowledge leaking into m_B.",
+    "Given the correctly restated prompt (`k1+k2=v1+v2=`), the anchor alone (gate 0) gets 97.5% of results "
+    "right on fresh expressions (issue 18; 98.0% on this table's 300 held-out expressions): what the bridge "
+    "contributes is the substitution (KV-SUBS: CALM 97.3%), the arithmetic is the anchor's.",
+    "Asked for the number directly, in the paper's KV-MATH answer format (`k1+k2=` -> `246`), the shipped "
+    "composition scores 0% (issue 18; 0 of the first 60 held-out expressions here): it always restates the "
+    "values first (`93+153=246`).",
+]
+
+
+def _restates(settings: dict) -> bool:
+    return bool(settings.get("anchor_restate", True))
+
+
+def protocol(settings: dict | None = None) -> str:
+    """A short text: what our table measured, and how the paper's differs (details: departures())."""
+    s = settings or {}
+    keys, operands, share = s.get("keys", 500), s.get("operands", 2), s.get("train_share", 0.2)
+    answer = "`k1+k2=` -> `v1+v2=r`" if _restates(s) else "`k1+k2=` -> `r`"
+    scored = "scored on r, the result after the restated values" if _restates(s) else "scored on r"
+    return (f"Ours: bridge trained on {answer} over {share:.0%} of {keys} keys ({operands} operands, + and -), "
+            f"base models from scratch and built for the bridge; greedy answers over held-out keys, {scored}. "
+            f"The paper: composition on KV-SUBS (no arithmetic), KV-MATH answered with the number alone, plain "
+            f"pretrained PaLM2 models, 25K keys, 3-6 operands with +, - and x. Not the same protocol: the paper's "
+            f"numbers are for reference, not a target met or beaten.")
+
+
+def answer_formats(settings: dict | None = None) -> dict:
+    """row -> {"ours": prompt -> answer (what is scored), "paper": the paper's prompt -> answer}."""
+    shown = "`ab+xyz=` -> `95+22=117`, scored on `117`" if _restates(settings or {}) else "`ab+xyz=` -> `117`"
+    return {
+        "KV-SUBS": {"ours": "`ab+xyz=` -> `95+22` (scored on the text before the answer's first '=')",
+                    "paper": "`<K1>+<K2>-<K3>` -> `10+22-24`"},
+        "NUM-MATH": {"ours": "`95+22=` -> `117`", "paper": "`10+22-24` -> `8` (3-6 operands, +, -, x)"},
+        "KV-MATH (held-out keys)": {"ours": shown, "paper": "`<K1>+<K2>-<K3>` -> `8` (the number alone)"},
+        "KV-MATH (train keys)": {"ours": shown + "; the bridge trained on these keys (other expressions)",
+                                 "paper": "not reported"},
+    }
+
+
+def column_notes(settings: dict | None = None) -> dict:
+    """column -> what that model is; the paper's columns say that they come from another protocol."""
+    s = settings or {}
+    layers, width = s.get("augment_layers", 4), s.get("width", 128)
+    return {
+        "m_A": (f"augmenting model, {layers}x{width}, from scratch on formats of the key table only (KV-SUBS, "
+                f"lookups), with value heads (training-only read-outs of each key's value where the bridge reads) "
+                f"and digit embeddings"),
+        "m_B": (f"anchor, {s.get('anchor_layers', 4)}x{width}, from scratch on arithmetic only (never a key), "
+                f"with digit embeddings, trained to take a value injected on a word and to answer such an "
+                f"expression by restating its values (`qw+22=` -> `95+22=117`)"),
+        "CALM": ("bridge into m_B's token embeddings from m_A's last layer, window=1 (each anchor token sees only "
+                 "the m_A state aligned with it), null slot, channel gate, noise on m_A's states while it trains; "
+                 "trained on the composition file (KV-MATH over the training keys in m_B's restating format, "
+                 "+ 20% NUM-MATH)"),
+        "m_B fine-tuned (20% keys)": "m_B fully fine-tuned on the same composition file (control)",
+        "CALM with random m_A": "the same bridge on a randomly initialised m_A (control)",
+        "paper m_A": "the paper's Table 1, its protocol: a pretrained PaLM2 model trained on KV-SUBS",
+        "paper m_B": "the paper's Table 1, its protocol: a pretrained PaLM2 model as it is",
+        "paper CALM": ("the paper's Table 1, its protocol: composed on KV-SUBS over 20% of 25K keys, KV-MATH "
+                       "answered with the number alone; not comparable cell by cell with ours"),
+    }
+
+
+def departures(settings: dict | None = None) -> list[str]:
+    """How our measurement differs from the paper's, one item each."""
+    s = settings or {}
+    fmt_ours = ("restated expressions with results (`k1+k2=` -> `v1+v2=r`), so the composition data also teach "
+                "the arithmetic answer" if _restates(s) else "KV-MATH answered with the result (`k1+k2=` -> `r`)")
+    return [
+        f"Composition data: the paper composes on KV-SUBS over 20% of the keys (no arithmetic: `<K1>+<K2>-<K3>` "
+        f"-> `10+22-24`) and evaluates on KV-MATH (expression -> number); ours composes on {fmt_ours}, and the "
+        f"KV-MATH rows score the result after the restated values.",
+        "Base models: the paper's are pretrained PaLM2 models trained plainly (m_A on KV-SUBS, m_B as it is); ours "
+        "were built for the bridge: value heads trained on every key's value at the position the bridge reads, "
+        "digit embeddings in both models, an anchor trained to accept an injected value on a word, and window=1.",
+        f"Scale: {s.get('operands', 2)} operands with + and -, {s.get('keys', 500)} keys; the paper: 3-6 keys with "
+        f"+, - and x, 25K keys.",
+        "Held-out keys as a development set: they chose the bridge's learning rate and `anchor_given`, so the "
+        "held-out rows are not a test set used once.",
+    ]
+
+
+def labels(settings: dict | None = None, checks: list[str] | None = None) -> dict:
+    """The label fields of table.json."""
+    return {"protocol": protocol(settings), "answer_formats": answer_formats(settings),
+            "column_notes": column_notes(settings), "departures": departures(settings), "checks": list(checks or [])}
 
 
 def fmt(v) -> str:
     return "–" if v is None else f"{v:.1f}"
 
 
-def markdown(table: dict, paper: dict = PAPER_TABLE) -> str:
-    """table: row -> column -> accuracy % (None where not measured)."""
-    head = "| data set | " + " | ".join(COLUMNS) + " | paper m_A | paper m_B | paper CALM |"
-    lines = [head, "|" + "---|" * (len(COLUMNS) + 4)]
+def markdown(table: dict, paper: dict = PAPER_TABLE, settings: dict | None = None,
+             checks: list[str] | None = None) -> str:
+    """table: row -> column -> accuracy % (None where not measured). The table with what each row asked and
+    how the answer was scored, ours and the paper's, then the protocol, the departures, checks and column notes."""
+    formats, notes = answer_formats(settings), column_notes(settings)
+    head = ("| data set | ours: prompt -> answer | " + " | ".join(COLUMNS)
+            + " | the paper's protocol: prompt -> answer | " + " | ".join(f"{c} ¹" for c in PAPER_COLUMNS) + " |")
+    lines = [head, "|" + "---|" * (len(COLUMNS) + 6)]
     for row in ROWS:
         ours = table.get(row, {})
         ref = paper.get(row, {})
-        cells = [fmt(ours.get(c)) for c in COLUMNS] + [fmt(ref.get(c)) for c in ("m_A", "m_B", "CALM")]
+        cells = ([formats[row]["ours"]] + [fmt(ours.get(c)) for c in COLUMNS] + [formats[row]["paper"]]
+                 + [fmt(ref.get(c)) for c in ("m_A", "m_B", "CALM")])
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    lines += ["", "¹ The paper's Table 1 under its own protocol (" + PAPER_PROTOCOL + "): not the same "
+              "measurement as ours: context, not a target that ours meets or beats.", "",
+              "**What was measured.** " + protocol(settings), "", "**Departures from the paper:**", ""]
+    lines += [f"- {d}" for d in departures(settings)]
+    if checks:
+        lines += ["", "**Measured on the same models after this table:**", ""] + [f"- {c}" for c in checks]
+    lines += ["", "**Columns:**", ""] + [f"- {c}: {n}" for c, n in notes.items()]
     return "\n".join(lines)
 
 
 def table_figure(table: dict, paper: dict = PAPER_TABLE, title: str = "Key-value arithmetic: accuracy (%)"):
-    """Grouped bars per data set: our models and controls beside the paper's Table 1."""
+    """Grouped bars per data set: our models and controls beside the paper's Table 1 (hatched: its own protocol)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -43,20 +156,41 @@ def table_figure(table: dict, paper: dict = PAPER_TABLE, title: str = "Key-value
                     text=[fmt(y) for y in ys], textposition="outside")
     for col, dash in (("m_A", "#3b4f8a"), ("m_B", "#2a7a62"), ("CALM", "#b5461f")):
         ys = [paper.get(r, {}).get(col) for r in ROWS]
-        fig.add_bar(name=f"paper {col}", x=ROWS, y=ys, marker_color="rgba(0,0,0,0)",
+        fig.add_bar(name=f"paper {col} (its protocol)", x=ROWS, y=ys, marker_color="rgba(0,0,0,0)",
                     marker_line_color=dash, marker_line_width=2, marker_pattern_shape="/",
                     text=[fmt(y) if y is not None else "" for y in ys], textposition="outside")
-    fig.update_layout(barmode="group", title=title, yaxis=dict(title="accuracy (%)", range=[0, 110]),
-                      legend=dict(orientation="h", y=-0.2), template="plotly_white", height=480)
+    subtitle = ("ours: composed on k1+k2= -> v1+v2=r, scored on r; the paper (hatched): composed on KV-SUBS, "
+                "KV-MATH answered with the number: not the same protocol")
+    fig.update_layout(barmode="group", title=f"{title}<br><sup>{subtitle}</sup>",
+                      yaxis=dict(title="accuracy (%)", range=[0, 110]),
+                      legend=dict(orientation="h", y=-0.2), template="plotly_white", height=520)
     return fig
 
 
-def save(table: dict, out_dir, meta: dict | None = None) -> dict:
-    """table.json, table.md and table.html in out_dir; returns the paths."""
+def save(table: dict, out_dir, meta: dict | None = None, checks: list[str] | None = None) -> dict:
+    """table.json, table.md and table.html in out_dir, labelled from meta["settings"]; returns the paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    payload = {"table": table, "paper_table": PAPER_TABLE, **(meta or {})}
+    meta = dict(meta or {})
+    settings = meta.get("settings")
+    payload = {"table": table, "paper_table": PAPER_TABLE, **labels(settings, checks), **meta}
     (out / "table.json").write_text(json.dumps(payload, indent=2))
-    (out / "table.md").write_text(markdown(table) + "\n")
+    (out / "table.md").write_text(markdown(table, settings=settings, checks=checks) + "\n")
     table_figure(table).write_html(out / "table.html", include_plotlyjs="cdn")
     return {"json": str(out / "table.json"), "markdown": str(out / "table.md"), "html": str(out / "table.html")}
+
+
+LABEL_FIELDS = ("paper_table", "protocol", "answer_formats", "column_notes", "departures", "checks")
+
+
+def relabel(out_dir, checks: list[str] | None = None) -> dict:
+    """Rewrite table.json / .md / .html in out_dir from its table.json: the measured numbers and every other
+    field as they are, the labels from this module (checks: given, or those the file already has)."""
+    old = json.loads((Path(out_dir) / "table.json").read_text())
+    checks = old.get("checks", []) if checks is None else checks
+    meta = {k: v for k, v in old.items() if k != "table" and k not in LABEL_FIELDS}
+    return save(old["table"], out_dir, meta, checks)
+
+
+if __name__ == "__main__":  # python -m demos.kv_arithmetic.report DIR [--shipped-checks]
+    relabel(sys.argv[1], SHIPPED_CHECKS if "--shipped-checks" in sys.argv[2:] else None)

@@ -56,6 +56,12 @@ class AttentionRecord:
     layer_pairs: list[tuple[int, int, int]]  # (augment index, anchor layer, augment layer)
 
 
+def _accepts(model, argument: str) -> bool:
+    import inspect
+
+    return argument in inspect.signature(model.forward).parameters
+
+
 class _StopForward(Exception):
     """Raised by a hook once the augmenting model has produced its deepest needed layer."""
 
@@ -141,9 +147,10 @@ class ComposedLM:
 
     # ---- running the frozen models -----------------------------------------------------------
 
-    def augment_states(self, k: int, input_ids, attention_mask=None, cache=None) -> list[torch.Tensor]:
+    def augment_states(self, k: int, input_ids, attention_mask=None, cache=None, position_ids=None) -> list[torch.Tensor]:
         """Hidden states (B, T, D_A) of augmenting model k after each of its composition layers.
-        Runs without grad and stops after the deepest layer needed."""
+        Runs without grad and stops after the deepest layer needed. position_ids: only for
+        batched decoding, where rows are padded on the left or between chunks."""
         member, wanted = self.augments[k], self.bridge.augments[k].augment_layers
         deepest, captured = max(wanted), {}
 
@@ -162,6 +169,7 @@ class ComposedLM:
                     input_ids=input_ids.to(device),
                     attention_mask=None if attention_mask is None else attention_mask.long().to(device),
                     cache=cache, use_cache=cache is not None,
+                    **({} if position_ids is None else {"position_ids": position_ids.to(device)}),
                 )
             except _StopForward:
                 pass
@@ -170,11 +178,14 @@ class ComposedLM:
                     handle.remove()
         return [captured[i] for i in wanted]
 
-    def anchor_logits(self, input_ids, attention_mask, condition, cache=None, scales=None) -> torch.Tensor:
+    def anchor_logits(self, input_ids, attention_mask, condition, cache=None, scales=None, position_ids=None,
+                      last_only: bool = False) -> torch.Tensor:
         """Run the anchor with the bridge added at its composition layers.
 
         condition: (augment index, memory per block, visibility (B, T, T_aug)) per active model.
-        scales: per composition layer factors (default: this thread's gate_scale / layers_off)."""
+        scales: per composition layer factors (default: this thread's gate_scale / layers_off).
+        last_only: logits for the last position only, (B, 1, vocab): generation never needs more,
+        and a 262k vocabulary makes full prompt logits cost gigabytes."""
         scales, blocks_by_layer = scales or self.block_scales(), {}
         recorded = None
         if self._recorder is not None:
@@ -216,15 +227,18 @@ class ComposedLM:
                 handles = [self.anchor.layers[layer].register_forward_hook(after(entries), prepend=True)
                            for layer, entries in blocks_by_layer.items()]
             try:
+                extra = {} if position_ids is None else {"position_ids": position_ids.to(input_ids.device)}
+                if last_only and _accepts(model, "logits_to_keep"):
+                    extra["logits_to_keep"] = 1
                 out = model(
                     input_ids=input_ids,
                     attention_mask=None if attention_mask is None else attention_mask.long(),
-                    cache=cache, use_cache=cache is not None,
+                    cache=cache, use_cache=cache is not None, **extra,
                 )
             finally:
                 for handle in handles:
                     handle.remove()
-        return out.logits
+        return out.logits[:, -1:] if last_only else out.logits
 
     # ---- generation ---------------------------------------------------------------------------
 
@@ -237,11 +251,14 @@ class ComposedLM:
 
     def generate(self, prompt, max_new_tokens: int = 32, return_dict: bool = False, **sampling):
         """The new text only (a GenerationResult with token ids and per-step logits if return_dict).
-        prompt: a string, or chat messages [{"role": ..., "content": ...}, ...]."""
+        prompt: a string, or chat messages [{"role": ..., "content": ...}, ...]; or a list of
+        either, decoded together in one batch: a list of texts, each equal to decoding it alone."""
+        from .batched_generation import generate_batch, is_batch
         from .generation import generate
 
-        return generate(self, prompt, max_new_tokens=max_new_tokens, return_dict=return_dict,
-                        scales=self.block_scales(), **sampling)
+        run = generate_batch if is_batch(prompt) else generate
+        return run(self, prompt, max_new_tokens=max_new_tokens, return_dict=return_dict,
+                   scales=self.block_scales(), **sampling)
 
     # ---- inspection ---------------------------------------------------------------------------
 

@@ -101,12 +101,14 @@ class _AugmentTrack:
         self.cache = None
         self.memory: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
-    def crop(self, n: int) -> None:
-        if self.cache is not None and len(self.ids) > n:
-            self.cache.crop(n - len(self.ids))
+    def crop(self, n: int) -> int:
+        """Keep the first n tokens; returns how many were kept."""
+        if self.cache is not None and not crop_cache(self.cache, n):
+            self.cache, n = None, 0  # a sliding window dropped what is needed: read again from the start
         if self.memory is not None:
-            self.memory = [(k[:, :, :n], v[:, :, :n]) for k, v in self.memory]
+            self.memory = [(k[:, :, :n], v[:, :, :n]) for k, v in self.memory] if n else None
         self.ids, self.keys = self.ids[:n], self.keys[:n]
+        return n
 
 
 class ComposedDecoder:
@@ -154,9 +156,12 @@ class ComposedDecoder:
                 threshold = min(track.keys[keep], keys[keep] if keep < len(keys) else track.keys[keep])
                 first = next((i for i in range(self.done) if anchor_keys[i] >= threshold), self.done)
                 start = min(start, first)
-                track.crop(keep) if self.use_cache else track.__init__()
+                if self.use_cache:
+                    keep = track.crop(keep)
+                else:
+                    track.__init__()
             if track.cache is None and self.use_cache:
-                track.cache = DynamicCache(config=calm.augments[k].model.config)
+                track.cache = new_cache(calm.augments[k].model.config)
             if len(ids) > keep:
                 new = torch.tensor([ids[keep:]])
                 states = calm.augment_states(k, new, cache=track.cache)
@@ -166,10 +171,8 @@ class ComposedDecoder:
                 track.memory = memory
             track.ids, track.keys = list(ids), list(keys)
         if self.use_cache:
-            if self.cache is None:
-                self.cache = DynamicCache(config=calm.anchor.model.config)
-            elif self.cache.get_seq_length() > start:
-                self.cache.crop(start - self.cache.get_seq_length())
+            if self.cache is None or not crop_cache(self.cache, start):
+                self.cache, start = new_cache(calm.anchor.model.config), 0
         condition = []
         for k in self.active:
             anchor_keys = torch.tensor([views[k][start:]])
@@ -181,9 +184,32 @@ class ComposedDecoder:
             condition.append((k, track.memory, visible.to(device)))
         with torch.no_grad():
             logits = calm.anchor_logits(torch.tensor([self.ids[start:]], device=device), None, condition,
-                                        cache=self.cache, scales=self.scales)
+                                        cache=self.cache, scales=self.scales, last_only=True)
         self.done = len(self.ids)
         return logits[0, -1]
+
+
+def new_cache(config) -> DynamicCache:
+    """A KV cache that can be rolled back: sliding-window layers keep their past until crop_cache()."""
+    cache = DynamicCache(config=config)
+    if hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()
+    return cache
+
+
+def crop_cache(cache: DynamicCache, keep: int) -> bool:
+    """Keep the first `keep` positions. False (and the cache untouched) when a sliding-window layer
+    no longer holds what a rollback that far needs: the caller then starts over from position 0."""
+    length = cache.get_seq_length()
+    if keep >= length:
+        return True
+    remove = length - keep
+    for layer in cache.layers:
+        window = getattr(layer, "sliding_window", None)
+        if window and layer.get_seq_length() >= window and layer.keys.shape[-2] < window - 1 + remove:
+            return False
+    cache.crop(-remove)
+    return True
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

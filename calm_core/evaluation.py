@@ -46,13 +46,19 @@ def as_composed(target, tokenizer=None):
 
 
 @torch.no_grad()
-def predictions(calm, examples: list[Example], max_new_tokens: int = 32, progress=None) -> list[str]:
-    """Greedy completions of each example's prompt."""
-    out = []
-    for i, example in enumerate(examples):
-        out.append(calm.generate(example.prompt, max_new_tokens=max_new_tokens))
+def predictions(calm, examples: list[Example], max_new_tokens: int = 32, progress=None, batch_size: int = 16) -> list[str]:
+    """Greedy completions of each example's prompt, decoded in batches of similar length
+    (each equal to decoding it alone; see batched_generation)."""
+    prompts = [e.prompt for e in examples]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding per batch
+    out = [""] * len(prompts)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        texts = calm.generate([prompts[i] for i in chunk], max_new_tokens=max_new_tokens)
+        for i, text in zip(chunk, texts):
+            out[i] = text
         if progress is not None:
-            progress(i + 1, len(examples))
+            progress(min(start + batch_size, len(order)), len(order))
     return out
 
 
@@ -121,4 +127,27 @@ def evaluate(calm, examples: list[Example], metrics=METRICS, max_new_tokens: int
         if "loss" in metrics:
             row.update(lm_loss(model, examples))
         table.rows.append(row)
+    return table
+
+
+# How an answer is compared with its reference, by name (a preset says which suits each of its sets):
+# "substitution" and "result" score one part of an answer that restates its operands ("95+22=117").
+SCORERS = {
+    "exact": lambda text: text.strip(),
+    "substitution": lambda text: text.strip().split("=", 1)[0],  # "95+22=117" -> "95+22"
+    "result": lambda text: text.strip().rsplit("=", 1)[-1],  # "95+22=117" -> "117"
+}
+
+
+def rescore(table: EvalTable, references: list[str], scoring: str = "exact") -> EvalTable:
+    """Exact match recomputed on the part of each answer that `scoring` names (SCORERS)."""
+    if scoring not in SCORERS:
+        raise CALMError(f"Unknown scoring {scoring!r}; choose from {list(SCORERS)}.")
+    if scoring == "exact":
+        return table
+    part = SCORERS[scoring]
+    for row in table.rows:
+        predicted = table.predictions.get(row["model"])
+        if "exact_match" in row and predicted is not None:
+            row["exact_match"] = exact_match_score([part(p) for p in predicted], [part(r) for r in references])
     return table

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 
 import plotly.graph_objects as go
+import torch
 
 ANCHOR_COLOR, AUGMENT_COLOR, BRIDGE_COLOR = "#3b6fb6", "#d9822b", "#2a9d8f"
 
@@ -44,27 +45,40 @@ def layer_diagram(anchor_depth: int, augment_depths: list[int], layer_pairs: lis
     return _layout(fig, "Which anchor layer attends to which augmenting layer", height=380)
 
 
+def layer_label(index: int, pair) -> str:
+    """The one way a composition layer is named, in every figure and menu."""
+    k, anchor_layer, augment_layer = pair
+    return f"{index}: augment {k} L{augment_layer} → anchor L{anchor_layer}"
+
+
 def _layer_labels(layer_pairs) -> list[str]:
-    return [f"{i}: A{k} L{a} → anchor L{b}" for i, (k, b, a) in enumerate(layer_pairs)]
+    return [layer_label(i, pair) for i, pair in enumerate(layer_pairs)]
 
 
-def gate_bars(gates, layer_pairs) -> go.Figure:
+NO_GATE = "no gate: this bridge adds its output in full (1.0 everywhere), so it never started as the anchor"
+
+
+def gate_bars(gates, layer_pairs, gate_type: str = "channel") -> go.Figure:
     """Mean |tanh(gate)| per composition layer: how far each gate has opened."""
     values = [float(g.abs().mean()) for g in gates]
     fig = go.Figure(go.Bar(x=_layer_labels(layer_pairs), y=values, marker_color=BRIDGE_COLOR,
+                           text=[f"{v:.3f}" for v in values], textposition="outside", cliponaxis=False,
                            hovertemplate="%{x}<br>mean |tanh(gate)| = %{y:.4f}<extra></extra>"))
-    fig.update_yaxes(title="mean |tanh(gate)|", rangemode="tozero")
-    return _layout(fig, "Gate opening per composition layer", height=320)
+    fig.update_yaxes(title="mean |tanh(gate)|", range=[0, max(values + [1e-3]) * 1.25])
+    title = NO_GATE if gate_type == "none" else "Gate opening per composition layer"
+    return _layout(fig, title, height=340)
 
 
-def gate_heatmap(gates, layer_pairs) -> go.Figure:
-    """tanh(gate) per layer and channel (scalar gates fill their row)."""
+def gate_heatmap(gates, layer_pairs, gate_type: str = "channel") -> go.Figure:
+    """tanh(gate) per layer and channel (scalar gates fill their row), on the fixed scale -1..1."""
     width = max(g.numel() for g in gates) if gates else 1
     rows = [(g.expand(width) if g.numel() == 1 else g).tolist() for g in gates]
-    fig = go.Figure(go.Heatmap(z=rows, y=_layer_labels(layer_pairs), colorscale="RdBu", zmid=0,
+    fig = go.Figure(go.Heatmap(z=rows, y=_layer_labels(layer_pairs), colorscale="RdBu", zmid=0, zmin=-1, zmax=1,
+                               colorbar=dict(title="tanh(gate)", len=1.0, thickness=14),
                                hovertemplate="%{y}<br>channel %{x}: %{z:.4f}<extra></extra>"))
     fig.update_xaxes(title="anchor channel")
-    return _layout(fig, "tanh(gate) per layer and channel", height=120 + 40 * max(1, len(rows)))
+    title = NO_GATE if gate_type == "none" else "tanh(gate) per layer and channel"
+    return _layout(fig, title, height=max(260, 140 + 40 * len(rows)))
 
 
 def gate_history(history: list[dict], layer_pairs) -> go.Figure:
@@ -82,7 +96,9 @@ def loss_curves(history: list[dict]) -> go.Figure:
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=[h["step"] for h in history], y=[h["loss"] for h in history], mode="lines+markers",
                              name="training loss", line=dict(color=ANCHOR_COLOR)))
-    val = [h for h in history if h.get("val_loss") is not None]
+    # a record repeats the last validation loss until the next evaluation: draw each value once
+    val = [h for i, h in enumerate(history) if h.get("val_loss") is not None
+           and (i == 0 or h["val_loss"] != history[i - 1].get("val_loss"))]
     fig.add_trace(go.Scatter(x=[h["step"] for h in val], y=[h["val_loss"] for h in val], mode="lines+markers",
                              name="validation loss", line=dict(color=AUGMENT_COLOR)))
     fig.update_xaxes(title="step")
@@ -90,9 +106,10 @@ def loss_curves(history: list[dict]) -> go.Figure:
     return _layout(fig, "Loss", height=320)
 
 
-def attention_map(record, layer: int, head: int | None = None, row: int = 0) -> go.Figure:
+def attention_map(record, layer: int, head: int | None = None, row: int = 0, null_slot: bool = False) -> go.Figure:
     """Anchor tokens (rows) x augmenting tokens (columns) for one composition layer; one head,
-    or the mean over heads when head is None."""
+    or the mean over heads when head is None. With a null slot, its share (what was left to write
+    nothing) is the first column."""
     weights = record.maps[layer]
     if weights is None:
         return _layout(go.Figure(), f"Composition layer {layer} is switched off: nothing to show")
@@ -101,20 +118,35 @@ def attention_map(record, layer: int, head: int | None = None, row: int = 0) -> 
     matrix = weights[row].mean(0) if head is None else weights[row, head]
     n_anchor, n_augment = len(record.anchor_tokens), len(augment_tokens)
     matrix = matrix[:n_anchor, :n_augment]
+    columns = [_token_label(j, t) for j, t in enumerate(augment_tokens)]
+    if null_slot:
+        matrix = torch.cat([(1 - matrix.sum(-1, keepdim=True)).clamp(0, 1), matrix], -1)
+        columns = ["∅ null slot"] + columns
+    rows = [_token_label(i, t) for i, t in enumerate(record.anchor_tokens)]
     fig = go.Figure(go.Heatmap(
-        z=matrix.tolist(), x=[_token_label(j, t) for j, t in enumerate(augment_tokens)],
-        y=[_token_label(i, t) for i, t in enumerate(record.anchor_tokens)], colorscale="Viridis", zmin=0,
+        z=matrix.tolist(), x=columns,
+        y=rows, colorscale="Viridis", zmin=0, zmax=1,
         hovertemplate="anchor %{y}<br>augment %{x}<br>weight %{z:.3f}<extra></extra>"))
-    fig.update_yaxes(autorange="reversed", title="anchor token (query)")
-    fig.update_xaxes(title="augmenting token (key)", tickangle=-45)
+    # every token labelled (plotly would skip every other one on a long axis)
+    fig.update_yaxes(autorange="reversed", title="anchor token (query)", tickmode="array", tickvals=rows)
+    fig.update_xaxes(title="augmenting token (key)", tickangle=-45, tickmode="array", tickvals=columns)
     what = "mean over heads" if head is None else f"head {head}"
     return _layout(fig, f"Cross-attention, composition layer {layer}, {what}",
-                   height=max(320, 60 + 18 * n_anchor))
+                   height=max(320, 120 + 18 * n_anchor))
 
 
 def _token_label(index: int, token: str) -> str:
     """Plotly reads labels as HTML: '<s>' would become strike-through, so escape it."""
     return html.escape(f"{index}:{token!r}", quote=False)
+
+
+def empty(message: str) -> go.Figure:
+    """A figure that says what will be drawn here, instead of an empty frame."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=14))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _layout(fig, "", height=260)
 
 
 def eval_bars(rows: list[dict], metric: str) -> go.Figure:
@@ -123,6 +155,6 @@ def eval_bars(rows: list[dict], metric: str) -> go.Figure:
     colors = [BRIDGE_COLOR if r["model"] == "CALM" else ANCHOR_COLOR if r["model"].startswith("anchor") else AUGMENT_COLOR
               for r in present]
     fig = go.Figure(go.Bar(x=[r["model"] for r in present], y=[r[metric] for r in present], marker_color=colors,
-                           text=[f"{r[metric]:.1f}" for r in present], textposition="outside"))
-    fig.update_yaxes(title=metric, rangemode="tozero")
+                           text=[f"{r[metric]:.1f}" for r in present], textposition="outside", cliponaxis=False))
+    fig.update_yaxes(title=metric, range=[0, max([r[metric] for r in present] + [1e-3]) * 1.2])
     return _layout(fig, f"{metric} by model", height=340)

@@ -1,74 +1,27 @@
 """One user's experiment: the models, bridge, data, training run and last results behind one
 browser session of the app (or a notebook). Base models are shared through a process-wide
-cache; the bridge and everything else belong to the session."""
+cache; the bridge and everything else belong to the session. Every request is checked against
+the bounds of the models and the memory free before work starts (bounds.py, resources.py)."""
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
-import zipfile
-from collections import OrderedDict
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from . import bounds, bridge_files
 from .compose import ComposedLM
 from .config import CALMConfig
 from .data import DataConfig, DataSplits, load_examples, load_splits
 from .errors import CALMError
-from .models import load_causal_lm
-from .persistence import CONFIG_NAME, WEIGHTS_NAME
+from .model_cache import MODEL_CACHE, ModelCache, default_dtype
 from .presets import Preset, load_preset
+from .resources import LEDGER, attention_map_bytes, data_bytes, device_of_calm, generation_bytes, training_bytes
 from .training import TrainConfig, Trainer
 
-MAX_BRIDGE_BYTES = 512 * 2**20
-
-
-class ModelCache:
-    """Loaded (model, tokenizer) pairs by name, least recently used dropped first."""
-
-    def __init__(self, max_models: int = 6):
-        self.max_models, self._models, self._lock = max_models, OrderedDict(), threading.Lock()
-
-    def get(self, name: str, dtype=None, trust_remote_code: bool = False):
-        key = (str(name), str(dtype), trust_remote_code)
-        with self._lock:
-            if key in self._models:
-                self._models.move_to_end(key)
-                return self._models[key]
-            check_memory(str(name), dtype)
-            try:
-                pair = load_causal_lm(str(name), dtype=dtype, trust_remote_code=trust_remote_code)
-            except (MemoryError, torch.OutOfMemoryError) as exc:
-                raise CALMError(f"{name} does not fit in this machine's memory; choose a smaller model.") from exc
-            self._models[key] = pair
-            while len(self._models) > self.max_models:
-                self._models.popitem(last=False)
-            return pair
-
-
-def check_memory(name: str, dtype=None) -> None:
-    """Refuse a model whose weights alone would not fit in the free memory, before loading it."""
-    try:
-        import psutil
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(name).get_text_config()
-    except Exception:
-        return  # loading will report what is wrong
-    width = getattr(config, "hidden_size", 0) or 0
-    layers = getattr(config, "num_hidden_layers", 0) or 0
-    vocab = getattr(config, "vocab_size", 0) or 0
-    params = 12 * layers * width * width + 2 * vocab * width
-    need = params * (2 if dtype in (torch.bfloat16, torch.float16) else 4)
-    free = psutil.virtual_memory().available
-    if need > 0.8 * free:
-        raise CALMError(f"{name} needs about {need / 2**30:.1f} GB for its weights but only {free / 2**30:.1f} GB "
-                        f"are free; choose a smaller model or a 16-bit dtype.")
-
-
-MODEL_CACHE = ModelCache()
+__all__ = ["LabSession", "ModelCache", "RunState", "layer_labels", "model_rows"]
 
 
 @dataclass
@@ -79,6 +32,7 @@ class RunState:
     step: int = 0
     running: bool = False
     message: str = ""
+    prepared: tuple[int, int] = (0, 0)  # examples prepared so far, of how many (before the first step)
     history: list[dict] = field(default_factory=list)
 
     def status(self) -> str:
@@ -88,7 +42,10 @@ class RunState:
             parts.append(f"loss {last['loss']:.4f}")
             if last.get("val_loss") is not None:
                 parts.append(f"validation loss {last['val_loss']:.4f}")
-            parts.append(f"{last['tokens_per_s']:.0f} tokens/s")
+            recent = [h["tokens_per_s"] for h in self.history[-5:]]  # smoothed: one window can be a few ms
+            parts.append(f"{sum(recent) / len(recent):.0f} tokens/s")
+        elif self.running and self.prepared[1]:
+            parts.append(f"preparing examples {self.prepared[0]:,}/{self.prepared[1]:,}")
         return " · ".join(parts) + (f"\n\n{self.message}" if self.message else "")
 
 
@@ -107,25 +64,28 @@ class LabSession:
     # ---- models -------------------------------------------------------------------------------
 
     def build(self, anchor: str, augments: list[str], config: CALMConfig | None = None, bridge: str | Path | None = None,
-              dtype=None, trust_remote_code: bool = False) -> ComposedLM:
+              dtype="auto", trust_remote_code: bool = False) -> ComposedLM:
         """Compose the named models (a new bridge, or a saved one). The previous composition stays
-        in place if anything fails."""
+        in place if anything fails. dtype "auto": bf16 on a GPU that supports it, else float32."""
         self._refuse_while_training("change the models")
         anchor, augments = str(anchor).strip(), [str(a).strip() for a in augments if str(a).strip()]
         if not anchor or not augments:
             raise CALMError("Choose an anchor model and at least one augmenting model.")
+        dtype = default_dtype() if dtype == "auto" else dtype
         pairs = [self.cache.get(n, dtype, trust_remote_code) for n in [anchor] + augments]
         if bridge is not None:
             calm = ComposedLM.from_pretrained(bridge, anchor=pairs[0], augments=pairs[1:])
         else:
             calm = ComposedLM(pairs[0], pairs[1:], config or CALMConfig())
-        self.calm, self.names, self._solo, self.run = calm, [anchor] + augments, {}, RunState()
+        self.calm, self.names, self._solo, self.run, self.preset = calm, [anchor] + augments, {}, RunState(), None
         return calm
 
     def use_preset(self, name: str) -> Preset:
+        """The preset's models (float32 everywhere, so its tables hold), bridge and data."""
         preset = load_preset(name)
-        self.build(str(preset.anchor), [str(p) for p in preset.augments], bridge=preset.bridge)
+        self.build(str(preset.anchor), [str(p) for p in preset.augments], bridge=preset.bridge, dtype=None)
         self.preset = preset
+        self.splits = None
         if preset.train_file is not None:
             self.set_data(preset.train_file, validation_path=preset.validation_file)
         return preset
@@ -144,16 +104,23 @@ class LabSession:
         return self._solo[index]
 
     def reset_bridge(self, config: CALMConfig | None = None) -> ComposedLM:
+        """Start over on the same models: a new bridge with closed gates (the anchor exactly)."""
         calm = self.require()
         self._refuse_while_training("reset the bridge")
         pairs = [(m.model, m.tokenizer) for m in [calm.anchor] + calm.augments]
         self.calm, self.run = ComposedLM(pairs[0], pairs[1:], config or calm.config), RunState()
         return self.calm
 
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.require().anchor.tokenizer, "chat_template", None))
+
     # ---- data ---------------------------------------------------------------------------------
 
     def set_data(self, path, column_map: dict | None = None, validation_path=None, validation_fraction: float = 0.1) -> DataSplits:
-        splits = load_splits(path, validation_path, DataConfig(column_map=column_map, validation_fraction=validation_fraction))
+        need = data_bytes(path) + (data_bytes(validation_path) if validation_path else 0)
+        with LEDGER.reserve(need, f"Reading {Path(path).name}", "Upload a smaller file, or CSV / Parquet rather than "
+                            "JSON (JSON is read into Python objects, about 12 bytes per byte of the file)."):
+            splits = load_splits(path, validation_path, DataConfig(column_map=column_map, validation_fraction=validation_fraction))
         self.splits = splits
         return splits
 
@@ -168,14 +135,28 @@ class LabSession:
             raise CALMError(f"A training run is in progress; stop it before you {what}.")
 
     def start_training(self, config: TrainConfig) -> RunState:
+        """Check the run fits (batch against memory, at the data's longest example), then train in a
+        thread of its own; the examples are prepared there, so Stop is answered at once."""
         calm = self.require()
         self._refuse_while_training("start another")
         if self.splits is None:
             raise CALMError("No training data: upload a file or pick a preset data set first.")
-        self.run = RunState(total=config.steps, running=True)
-        self.trainer = Trainer(calm, self.splits.train, self.splits.validation, config, callback=self._record)
+        tokens = bounds.longest_tokens(calm, self.splits.train, config.max_length)
+        need = training_bytes(calm, config.batch_size, tokens)
+        fits = bounds.largest_batch(calm, tokens)
+        reservation = LEDGER.reserve(need, f"Training with batch size {config.batch_size:,}",
+                                     f"At this data's longest example ({tokens:,} tokens) at most batch size {fits:,} "
+                                     "fits now: lower the batch size.", device_of_calm(calm))
+        reservation.__enter__()  # held until the run ends, released in _train
+        self.run = RunState(total=config.steps, running=True, prepared=(0, len(self.splits.train)))
+        try:
+            self.trainer = Trainer(calm, self.splits.train, self.splits.validation, config, callback=self._record)
+        except BaseException:
+            self.run.running = False
+            reservation.__exit__(None, None, None)
+            raise
         self.trainer.step = 0
-        self._thread = threading.Thread(target=self._train, name="calm-training", daemon=True)
+        self._thread = threading.Thread(target=self._train, args=(reservation,), name="calm-training", daemon=True)
         self._thread.start()
         return self.run
 
@@ -183,9 +164,12 @@ class LabSession:
         self.run.history.append(record)
         self.run.step = record["step"]
 
-    def _train(self) -> None:
+    def _prepared(self, done: int, total: int) -> None:
+        self.run.prepared = (done, total)
+
+    def _train(self, reservation) -> None:
         try:
-            result = self.trainer.train()
+            result = self.trainer.train(prepare_progress=self._prepared)
             self.run.step, self.run.message = result.step, result.message or f"Finished {result.step} steps."
             if result.truncated:
                 self.run.message += f" {result.truncated} examples were truncated to the models' context."
@@ -195,10 +179,14 @@ class LabSession:
             self.run.message = f"Training failed: {type(exc).__name__}: {exc}"
         finally:
             self.run.running = False
+            reservation.__exit__(None, None, None)
 
-    def stop_training(self) -> None:
-        if self.trainer is not None:
-            self.trainer.request_stop()
+    def stop_training(self) -> bool:
+        """Ask a running run to stop after its current step; False when nothing is running."""
+        if not self.training or self.trainer is None:
+            return False
+        self.trainer.request_stop()
+        return True
 
     def wait(self, timeout: float | None = None) -> None:
         if self._thread is not None:
@@ -208,99 +196,78 @@ class LabSession:
 
     def replies(self, prompt, max_new_tokens: int = 32, gate_scale: float = 1.0, layers_off=(), **sampling):
         """Streams the composition, the anchor alone and the first augmenting model alone,
-        interleaved: yields the three texts so far after each new piece."""
+        interleaved: yields the three texts so far after each new piece, then their tokens/s."""
         calm = self.require()
-        with calm.gate_scale(gate_scale), calm.layers_off(layers_off):
-            streams = [calm.stream(prompt, max_new_tokens=max_new_tokens, **sampling)]
-        streams += [self.solo(0).stream(prompt, max_new_tokens=max_new_tokens, **sampling),
-                    self.solo(1).stream(prompt, max_new_tokens=max_new_tokens, **sampling)]
-        texts, live = ["", "", ""], [True, True, True]
-        while any(live):
-            for i, stream in enumerate(streams):
-                if live[i]:
-                    piece = next(stream, None)
-                    if piece is None:
-                        live[i] = False
-                    else:
-                        texts[i] += piece
-                        yield tuple(texts)
+        max_new_tokens = bounds.max_new_tokens(calm, max_new_tokens)
+        from .generation import render_prompt
+
+        text, _ = render_prompt(calm.anchor.tokenizer, prompt)
+        tokens = bounds.check_prompt(calm, text, max_new_tokens)
+        with LEDGER.reserve(generation_bytes(calm, tokens + max_new_tokens), "Answering this prompt",
+                            "Shorten the prompt or ask for fewer new tokens.", device_of_calm(calm)):
+            with calm.gate_scale(gate_scale), calm.layers_off(layers_off):
+                streams = [calm.stream(prompt, max_new_tokens=max_new_tokens, **sampling)]
+            streams += [self.solo(0).stream(prompt, max_new_tokens=max_new_tokens, **sampling),
+                        self.solo(1).stream(prompt, max_new_tokens=max_new_tokens, **sampling)]
+            texts, live, started = ["", "", ""], [True, True, True], time.perf_counter()
+            pieces = 0
+            while any(live):
+                for i, stream in enumerate(streams):
+                    if live[i]:
+                        piece = next(stream, None)
+                        if piece is None:
+                            live[i] = False
+                        else:
+                            texts[i], pieces = texts[i] + piece, pieces + 1
+                            yield tuple(texts)
+            self.last_tokens_per_s = pieces / max(time.perf_counter() - started, 1e-9)
         yield tuple(texts)
 
     def attention(self, text: str):
         calm = self.require()
-        if not text.strip():
+        if not text or not text.strip():
             raise CALMError("Give a text to look at.")
-        with torch.no_grad(), calm.record_attention() as record:
+        n = bounds.check_attention_text(calm, text)
+        with LEDGER.reserve(attention_map_bytes(calm, n, n), "This attention map", "Shorten the text.",
+                            device_of_calm(calm)), torch.no_grad(), calm.record_attention() as record:
             calm.logits([text])
         return record
 
     # ---- evaluation ---------------------------------------------------------------------------
 
-    def evaluate(self, path, metrics, max_new_tokens: int = 16, limit: int | None = None, column_map=None, progress=None):
-        from .evaluation import evaluate
+    def evaluate(self, path, metrics, max_new_tokens: int = 16, limit: int | None = None, column_map=None, progress=None,
+                 scoring: str = "exact"):
+        """The three-model table on a file; scoring names how an answer is compared with its
+        reference (evaluation.SCORERS: "exact", or a part of the answer, as the preset's table did)."""
+        from .evaluation import evaluate, rescore
 
+        calm = self.require()
+        max_new_tokens = bounds.max_new_tokens(calm, max_new_tokens)
         examples, _, _ = load_examples(path, DataConfig(column_map=column_map))
+        limit = bounds.whole("examples", limit or 0, 0, len(examples), " (0 = all of them)")
         if limit:
-            examples = examples[: int(limit)]
-        return evaluate(self.require(), examples, metrics, max_new_tokens, progress)
+            examples = examples[:limit]
+        longest = bounds.longest_tokens(calm, examples, None)
+        if longest + max_new_tokens > bounds.context(calm):
+            raise CALMError(f"The longest prompt here is {longest:,} tokens; with {max_new_tokens} new tokens that is "
+                            f"more than the {bounds.context(calm):,} these models read: ask for fewer new tokens.")
+        with LEDGER.reserve(generation_bytes(calm, longest + max_new_tokens), "This evaluation",
+                            "Ask for fewer new tokens.", device_of_calm(calm)):
+            table = evaluate(calm, list(examples), metrics, max_new_tokens, progress)
+        return rescore(table, [e.completion for e in examples], scoring)
 
     # ---- bridge files -------------------------------------------------------------------------
 
     def export_bridge(self, directory) -> Path:
-        """The bridge as a zip of bridge_config.json + bridge.safetensors."""
-        folder = Path(directory) / "bridge"
-        self.require().save_pretrained(folder)
-        archive = Path(directory) / "calm-bridge.zip"
-        with zipfile.ZipFile(archive, "w") as z:
-            for name in (CONFIG_NAME, WEIGHTS_NAME):
-                z.write(folder / name, name)
-        return archive
+        return bridge_files.export_bridge(self.require(), directory)
 
-    def import_bridge(self, files: list) -> ComposedLM:
-        """Load a bridge from a zip, or from its two files, onto the current models."""
+    def import_bridge(self, files: list) -> str:
+        """Load a bridge onto the current models; returns a warning when it was made for others."""
         calm = self.require()
         self._refuse_while_training("load another bridge")
-        paths = [Path(f) for f in files if f]
-        if not paths:
-            raise CALMError("Upload a bridge: a .zip, or bridge_config.json with bridge.safetensors.")
-        if sum(p.stat().st_size for p in paths) > MAX_BRIDGE_BYTES:
-            raise CALMError(f"A bridge upload is limited to {MAX_BRIDGE_BYTES // 2**20} MB.")
-        folder = Path(tempfile.mkdtemp(prefix="calm-bridge-"))
-        try:
-            for path in paths:
-                if path.suffix == ".zip":
-                    _extract_bridge(path, folder)
-                elif path.name.endswith(".json"):
-                    shutil.copy(path, folder / CONFIG_NAME)
-                elif path.name.endswith(".safetensors"):
-                    shutil.copy(path, folder / WEIGHTS_NAME)
-                else:
-                    raise CALMError(f"{path.name} is not part of a bridge (expected .zip, .json or .safetensors).")
-            pairs = [(m.model, m.tokenizer) for m in [calm.anchor] + calm.augments]
-            try:
-                self.calm = ComposedLM.from_pretrained(folder, anchor=pairs[0], augments=pairs[1:])
-            except CALMError as exc:  # name the user's files, not the temporary folder
-                raise CALMError(str(exc).replace(str(folder), ", ".join(p.name for p in paths))) from exc
-            self.run = RunState()
-            return self.calm
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def _extract_bridge(archive: Path, folder: Path) -> None:
-    """Only the two bridge files, by name, size-checked: nothing else in an upload is written."""
-    try:
-        with zipfile.ZipFile(archive) as z:
-            members = {Path(i.filename).name: i for i in z.infolist() if not i.is_dir()}
-            for name in (CONFIG_NAME, WEIGHTS_NAME):
-                info = members.get(name)
-                if info is None:
-                    raise CALMError(f"{archive.name} holds no {name}.")
-                if info.file_size > MAX_BRIDGE_BYTES:
-                    raise CALMError(f"{name} in {archive.name} is larger than {MAX_BRIDGE_BYTES // 2**20} MB.")
-                (folder / name).write_bytes(z.read(info))
-    except zipfile.BadZipFile as exc:
-        raise CALMError(f"{archive.name} is not a valid zip file.") from exc
+        self.calm, warning = bridge_files.import_bridge(calm, files)
+        self.run, self._solo = RunState(), {}
+        return warning
 
 
 def model_rows(calm: ComposedLM) -> list[list]:
@@ -308,12 +275,29 @@ def model_rows(calm: ComposedLM) -> list[list]:
     rows = []
     for role, member in [("anchor", calm.anchor)] + [(f"augment {k}", m) for k, m in enumerate(calm.augments)]:
         info = member.info
-        rows.append([role, info.name, info.architecture, info.num_layers, info.width, info.num_heads, f"{info.num_parameters:,}"])
+        rows.append([role, short_name(info.name), info.architecture, info.num_layers, info.width, info.num_heads,
+                     f"{info.num_parameters:,}"])
     trainable, _ = calm.num_parameters()
-    rows.append(["bridge", "trained", "gated cross-attention", len(calm.bridge.blocks()), calm.anchor.info.width,
-                 calm.config.num_heads or calm.anchor.info.num_heads, f"{trainable:,}"])
+    rows.append(["bridge", "trained", "gated cross-attention" if calm.config.gate != "none" else "cross-attention, no gate",
+                 len(calm.bridge.blocks()), calm.anchor.info.width, bounds.heads(calm), f"{trainable:,}"])
     return rows
 
 
+def short_name(name: str) -> str:
+    """A model's name without the server's folders: presets/kv_arithmetic/anchor, or the hub id."""
+    path = Path(name)
+    if not path.is_absolute():
+        return name
+    parts = path.parts
+    if "presets" in parts:
+        return "/".join(parts[parts.index("presets"):])
+    from .real_pair import display_name
+
+    return display_name(path)
+
+
 def layer_labels(calm: ComposedLM) -> list[str]:
-    return [f"{i}: anchor L{b} ← augment {k} L{a}" for i, (k, b, a) in enumerate(calm.layer_pairs())]
+    """One name per composition layer, written the same way as in every figure."""
+    from .figures import layer_label
+
+    return [layer_label(i, pair) for i, pair in enumerate(calm.layer_pairs())]

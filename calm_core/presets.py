@@ -5,7 +5,11 @@ Layout of presets/<name>/: anchor/ and augment/ (save_pretrained model + tokeniz
 (ComposedLM.save_pretrained), data/*.jsonl, and preset.json with at least a title and a
 description; optional: example_prompts, eval_files {label: path}, table, paper_table,
 max_new_tokens, prompt_mode ("completion" or "chat"), paper_table_title, metrics (the
-evaluation metrics that suit the preset's data, e.g. ["chrf", "bleu"] for translation)."""
+evaluation metrics that suit the preset's data, e.g. ["chrf", "bleu"] for translation), and how
+the table was measured, so that the Evaluate tab measures the same way: eval_max_new_tokens,
+eval_scoring {set: "exact" | "substitution" | "result"} and eval_table_rows {set: {metric: table
+row}}. A table.json beside preset.json (written by the demo's report) takes precedence for the
+tables, their title and the protocol."""
 from __future__ import annotations
 
 import json
@@ -36,6 +40,37 @@ class Preset:
     prompt_mode: str = "completion"
     paper_table_title: str = "Reproduction of the paper's Table 1 (accuracy %)"
     metrics: list[str] = field(default_factory=lambda: ["exact_match", "loss"])
+    eval_max_new_tokens: int | None = None
+    eval_scoring: dict[str, str] = field(default_factory=dict)
+    eval_table_rows: dict[str, dict[str, str]] = field(default_factory=dict)
+    protocol: str = ""
+
+    def scoring(self, label: str) -> str:
+        return self.eval_scoring.get(label, "exact")
+
+    def table_cells(self, label: str) -> dict[str, dict]:
+        """{metric: {column: value}} of our table for one evaluation set (exact match: the row of the same name)."""
+        rows = self.eval_table_rows.get(label) or ({"exact_match": label} if label in (self.table or {}) else {})
+        return {metric: (self.table or {}).get(row, {}) for metric, row in rows.items()}
+
+    def story_markdown(self) -> str:
+        """What a student needs to read the preset: its description, and its language or key table."""
+        parts = [f"### {self.title}", self.description]
+        language = self.root / "language.json"
+        if language.is_file():
+            meta = json.loads(language.read_text())
+            words = ", ".join(f"{en} = *{w}*" for en, w in sorted(meta.get("lexicon", {}).items()))
+            rules = "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in meta.items()
+                              if k not in ("seed", "lexicon", "coverage") and isinstance(v, (str, int)))
+            parts.append(f"**The made-up language** ({rules}). Lexicon: {words}.")
+        keys = self.root / "data" / "kv.json"
+        if keys.is_file():
+            meta = json.loads(keys.read_text())
+            values, train, held = meta.get("values", {}), meta.get("train_keys", []), meta.get("heldout_keys", [])
+            show = lambda names: ", ".join(f"`{k}` = {values.get(k)}" for k in names[:8])
+            parts.append(f"**The key table**: {len(values)} keys. The bridge trained on expressions over {len(train)} of "
+                         f"them ({show(train)}, …); the other {len(held)} are held out ({show(held)}, …).")
+        return "\n\n".join(p for p in parts if p)
 
     @property
     def train_file(self) -> Path | None:
@@ -56,7 +91,8 @@ class Preset:
         for row, values in paper.items():
             cells = [f"{_number(ours.get(row, {}).get(c))} / {_number(values.get(c))}" for c in columns]
             lines.append(f"| {row} | " + " | ".join(cells) + " |")
-        return f"### {self.paper_table_title}\n" + "\n".join(lines)
+        protocol = f"\n\n*{self.protocol}*" if self.protocol else ""
+        return f"### {self.paper_table_title}\n" + "\n".join(lines) + protocol
 
 
 
@@ -73,6 +109,10 @@ def load_preset(name: str, root: Path | None = None) -> Preset:
     if not meta_path.is_file():
         raise CALMError(f"No preset named {name!r}; available: {list_presets(root) or 'none'}.")
     meta = json.loads(meta_path.read_text())
+    tables = folder / "table.json"
+    if tables.is_file():  # the demo's report: the tables as measured, their title and protocol
+        meta.update({k: v for k, v in json.loads(tables.read_text()).items()
+                     if k in ("table", "paper_table", "paper_table_title", "protocol") and v})
     augments = sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("augment"))
     data_dir = folder / "data"
     data_files = {p.name: p for p in sorted(data_dir.glob("*")) if p.suffix in (".jsonl", ".csv", ".json", ".parquet", ".txt")} if data_dir.is_dir() else {}
@@ -83,6 +123,8 @@ def load_preset(name: str, root: Path | None = None) -> Preset:
         data_files=data_files, eval_files=eval_files, example_prompts=list(meta.get("example_prompts", [])),
         table=meta.get("table"), paper_table=meta.get("paper_table"),
         max_new_tokens=int(meta.get("max_new_tokens", 16)), prompt_mode=meta.get("prompt_mode", "completion"),
+        eval_max_new_tokens=meta.get("eval_max_new_tokens"), eval_scoring=dict(meta.get("eval_scoring") or {}),
+        eval_table_rows=dict(meta.get("eval_table_rows") or {}), protocol=meta.get("protocol", ""),
         **{k: meta[k] for k in ("paper_table_title", "metrics") if meta.get(k)},
     )
 

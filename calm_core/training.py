@@ -8,6 +8,7 @@ gradients are summed across processes, so N processes reproduce one process's ru
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -121,10 +122,9 @@ class Trainer:
             raise CALMError("No training examples.")
         self.dist = _Distributed()
         self.dist.broadcast_parameters(calm.bridge)
-        self.train_rows, truncated = prepare(calm, train, self.config.max_length, self.config.append_eos)
-        self.val_rows, val_truncated = prepare(calm, (validation or [])[: self.config.eval_examples],
-                                               self.config.max_length, self.config.append_eos)
-        self.truncated = truncated + val_truncated
+        self.train_rows = PreparedRows(calm, train, self.config.max_length, self.config.append_eos)
+        self.val_rows = PreparedRows(calm, (validation or [])[: self.config.eval_examples],
+                                     self.config.max_length, self.config.append_eos)
         named = list(calm.bridge.named_parameters())
         gates = [p for n, p in named if n.rsplit(".", 1)[-1] == "gate"]
         groups = [{"params": [p for n, p in named if n.rsplit(".", 1)[-1] != "gate"], "lr_scale": 1.0}]
@@ -135,6 +135,26 @@ class Trainer:
         self.history: list[dict] = []
         self._stop = threading.Event()
         self._states: dict[int, list[list[torch.Tensor]]] | None = None
+
+    @property
+    def truncated(self) -> int:
+        """Examples cut to the models' context (a small data set is prepared to count them)."""
+        self.prepare()
+        return self.train_rows.truncated + self.val_rows.truncated
+
+    def prepare(self, progress: Callable[[int, int], None] | None = None) -> bool:
+        """Prepare every row of a data set small enough to hold as rows (PREPARE_ALL), chunk by chunk,
+        so that a stop request is answered between chunks; a larger one is prepared batch by batch as
+        training reaches it. False when stopped."""
+        self.val_rows.prepare_all()
+        if len(self.train_rows) > PREPARE_ALL:
+            return True
+        for done in self.train_rows.prepare_chunks():
+            if progress is not None:
+                progress(done, len(self.train_rows))
+            if self._stop.is_set():
+                return False
+        return True
 
     # ---- control ------------------------------------------------------------------------------
 
@@ -158,6 +178,8 @@ class Trainer:
         return out
 
     def _cache_fits(self) -> bool:
+        if not self.train_rows.complete:
+            return False
         bytes_per_token = sum(
             member.info.width * len(bridge.pairs) * 4 for member, bridge in zip(self.calm.augments, self.calm.bridge.augments)
         )
@@ -245,25 +267,34 @@ class Trainer:
             total, count = total + float(losses.sum()), count + losses.numel()
         return total / max(1, count)
 
-    def train(self) -> TrainResult:
+    def train(self, prepare_progress: Callable[[int, int], None] | None = None) -> TrainResult:
         cfg, calm = self.config, self.calm
-        use_cache = cfg.cache_augment_states and self._cache_fits() and len(calm.augments) > 0
-        progress = _progress(cfg.progress and self.dist.rank == 0, self.step, cfg.steps)
-        result = TrainResult(self.step, self.history, truncated=self.truncated, augment_cache=use_cache)
-        good_state = _copy_state(calm.bridge)
-        window_loss, window_tokens, window_start, val_loss = 0.0, 0, time.perf_counter(), None
+        result = TrainResult(self.step, self.history, augment_cache=False)
+        progress = _NoProgress()
         try:
+            if not self.prepare(prepare_progress):
+                result.stop_reason, result.message = "stopped", "Stopped while preparing the examples; the bridge is unchanged."
+                return result
+            use_cache = cfg.cache_augment_states and self._cache_fits() and len(calm.augments) > 0
+            result.augment_cache = use_cache
+            progress = _progress(cfg.progress and self.dist.rank == 0, self.step, cfg.steps)
+            last_good = self._snapshot()  # the bridge and optimizer before the last step that went well
+            window_loss, window_tokens, window_start, val_loss = 0.0, 0, time.perf_counter(), None
             while self.step < cfg.steps:
                 if self._stop.is_set():
                     result.stop_reason, result.message = "stopped", f"Stopped at step {self.step}; the bridge keeps what it learned."
                     break
+                before = self._snapshot()
                 loss, tokens = self._train_step(use_cache)
-                if not math.isfinite(loss):
-                    calm.bridge.load_state_dict(good_state)
+                if not math.isfinite(loss) or not self._finite():
+                    failed = self.step
+                    self._restore(last_good)
                     result.stop_reason = "diverged"
-                    result.message = (f"Training diverged at step {self.step} (loss {loss}); the bridge was restored to "
-                                      f"its last good state. Try a lower learning rate (now {cfg.lr}).")
+                    result.message = (f"Training diverged at step {failed} (loss {loss:.3g}); the bridge and optimizer "
+                                      f"were restored to how they were before step {self.step + 1}, the last good one. "
+                                      f"Try a lower learning rate (now {cfg.lr:g}).")
                     break
+                last_good = before
                 window_loss, window_tokens = window_loss + loss * tokens, window_tokens + tokens
                 progress.update(1)
                 last = self.step == cfg.steps
@@ -274,7 +305,6 @@ class Trainer:
                     record = self._record(window_loss / max(1, window_tokens), val_loss, window_tokens / max(elapsed, 1e-9))
                     progress.set_postfix(loss=f"{record['loss']:.4f}")
                     window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
-                    good_state = _copy_state(calm.bridge)
                 if cfg.out_dir and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and not last:
                     self.save_checkpoint(Path(cfg.out_dir) / "checkpoints" / f"step-{self.step:06d}")
         except KeyboardInterrupt:
@@ -284,8 +314,22 @@ class Trainer:
             self._stop.clear()  # a stop asked for before train() began still counts; afterwards it is spent
         if cfg.out_dir:
             self.save_checkpoint(Path(cfg.out_dir) / "checkpoints" / f"step-{self.step:06d}")
-        result.step = self.step
+        result.step, result.truncated = self.step, self.train_rows.truncated + self.val_rows.truncated
         return result
+
+    # ---- divergence -----------------------------------------------------------------------------
+
+    def _snapshot(self) -> dict:
+        return {"step": self.step, "bridge": _copy_state(self.calm.bridge),
+                "optimizer": copy.deepcopy(self.optimizer.state_dict())}
+
+    def _restore(self, snapshot: dict) -> None:
+        self.calm.bridge.load_state_dict(snapshot["bridge"])
+        self.optimizer.load_state_dict(snapshot["optimizer"])
+        self.step = snapshot["step"]
+
+    def _finite(self) -> bool:
+        return all(bool(torch.isfinite(p).all()) for p in self.calm.bridge.parameters())
 
     def _record(self, loss: float, val_loss: float | None, tokens_per_s: float) -> dict:
         gates = self.calm.gates()
@@ -337,6 +381,57 @@ class Trainer:
         state = json.loads(state_path.read_text())
         _load_optimizer(self.optimizer, load_file(str(directory / "optimizer.safetensors")), state["optimizer"])
         self.step, self.history[:] = state["step"], state["history"]
+
+
+PREPARE_ALL = 20_000  # rows up to which a data set is prepared whole before training (augment cache possible)
+
+
+class PreparedRows:
+    """Rows of a sequence of examples, each made (tokenized and aligned) on first use, in chunks:
+    a large data set is never held as rows all at once."""
+
+    CHUNK = 64
+
+    def __init__(self, calm, examples, max_length: int | None, append_eos: bool):
+        self.calm, self.examples, self.max_length, self.append_eos = calm, examples, max_length, append_eos
+        self._chunks: dict[int, list] = {}
+        self.truncated = 0
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    @property
+    def complete(self) -> bool:
+        return len(self._chunks) * self.CHUNK >= len(self.examples)
+
+    def _chunk(self, start: int) -> list:
+        if start not in self._chunks:
+            rows, cut = prepare(self.calm, list(self.examples[start:start + self.CHUNK]), self.max_length, self.append_eos)
+            self._chunks[start], self.truncated = rows, self.truncated + cut
+        return self._chunks[start]
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        start = index // self.CHUNK * self.CHUNK
+        return self._chunk(start)[index - start]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def prepare_chunks(self):
+        """Prepare every chunk; yields the rows done after each."""
+        for start in range(0, len(self), self.CHUNK):
+            self._chunk(start)
+            yield min(len(self), start + self.CHUNK)
+
+    def prepare_all(self) -> None:
+        for _ in self.prepare_chunks():
+            pass
 
 
 def _copy_state(module) -> dict:

@@ -36,7 +36,8 @@ def client(app_url):  # noqa: F811
 
 
 def chat(client: Client, message: str, histories=([], [], []), *options):
-    return client.predict(message, *histories, *(options or GREEDY), api_name="/chat")
+    """The three histories (the fourth output is the note under the chats)."""
+    return client.predict(message, *histories, *(options or GREEDY), api_name="/chat")[:3]
 
 
 def text_of(message: dict) -> str:
@@ -48,10 +49,11 @@ def text_of(message: dict) -> str:
 
 def train(client: Client, steps: int, lr: float = 1e-2, batch_size: int = 4, gate_lr_scale: float | None = None,
           augment_noise: float | None = None) -> tuple:
+    """(status, loss plot, gate plot); the fourth output clears the download link."""
     if gate_lr_scale is None and augment_noise is None:  # the widgets' defaults
-        return client.predict(steps, lr, batch_size, api_name="/train")
+        return client.predict(steps, lr, batch_size, api_name="/train")[:3]
     return client.predict(steps, lr, batch_size, 1.0 if gate_lr_scale is None else gate_lr_scale,
-                          0.0 if augment_noise is None else augment_noise, api_name="/train")
+                          0.0 if augment_noise is None else augment_noise, api_name="/train")[:3]
 
 
 def plotly_data(plot) -> list:
@@ -150,8 +152,8 @@ def test_main_path(app_url, tmp_path):  # noqa: F811
     client.predict(PRESET, api_name="/use_preset")  # back to the untrained preset bridge
     assert client.predict(api_name="/gates")[0] == gates_before[0]
     out = client.predict([handle_file(str(archive))], api_name="/upload_bridge")
-    assert out[0] == "Bridge loaded."
-    assert [r[0] for r in table(out[1])[1]] == ["anchor", "augment 0", "bridge"]
+    assert out[-1] == "Bridge loaded."
+    assert [r[0] for r in table(out[0])[1]] == ["anchor", "augment 0", "bridge"]
     assert client.predict(api_name="/gates")[:2] == gates[:2]
     still_works(client)
 
@@ -353,5 +355,5 @@ def test_augment_noise_widget_reaches_the_trainer(app_url):  # noqa: F811
         return client.predict(api_name="/gates")[:2]
 
     assert gates_after(1.0) != gates_after(0.0) == gates_after(0.0)
-    with pytest.raises(AppError, match="augment_noise must be >= 0"):
+    with pytest.raises(AppError, match="noise on augmenting states must be a number from 0 up to 10"):
         train(lab(app_url), 4, 1e-2, 4, augment_noise=-1.0)

@@ -1,0 +1,210 @@
+"""The page: five tabs of widgets, then the events that connect them to handlers.py."""
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import gradio as gr
+
+from calm_core.config import GATE_TYPES, INSERT_POINTS
+from calm_core.evaluation import METRICS
+from calm_core.figures import empty
+from calm_core.presets import list_presets
+
+from . import handlers as h
+
+DEFAULT_PRESET = os.environ.get("CALM_DEFAULT_PRESET", "kv_arithmetic")
+MODEL_HEADERS = ["role", "name", "architecture", "layers", "width", "heads", "parameters"]
+DATA_TYPES = [".csv", ".jsonl", ".json", ".parquet", ".txt"]
+
+INTRO = """# CALM Lab
+Two frozen language models — an **anchor** and an **augmenting** model — joined by a small trained
+**bridge**: at a few layers the anchor cross-attends to the augmenting model's hidden states and adds
+the result through a **gate** that starts closed, so the composition starts out exactly as the anchor
+(*LLM Augmented LLMs*, ICLR 2024). Work through the tabs from left to right."""
+
+
+def models_tab(w: SimpleNamespace, presets: list[str], default: str | None) -> None:
+    gr.Markdown("Pick a **preset** (a trained pair with its bridge), or any two causal language models by local "
+                "folder or Hugging Face id. The bridge connects every *k*-th augmenting layer to an anchor layer.")
+    with gr.Row():
+        w.preset = gr.Dropdown(presets, value=default, label="Preset", scale=2)
+        w.preset_btn = gr.Button("Load preset", variant="primary", scale=1)
+        w.real_btn = gr.Button("Compose the real pair (Gemma 3 270M + SmolLM2-135M)", scale=1)
+        w.reset_btn = gr.Button("Start over with a closed bridge", scale=1)
+    w.models_note = gr.Markdown()
+    with gr.Accordion("…or choose your own models", open=False):
+        with gr.Row():
+            w.anchor = gr.Textbox(label="Anchor model (folder or hub id)")
+            w.augments = gr.Textbox(label="Augmenting model(s), one per line")
+        with gr.Row():
+            w.every = gr.Number(4, label="every k-th augmenting layer", precision=0, minimum=1)
+            w.anchor_layers = gr.Textbox(label="explicit anchor layers (e.g. 1,3)")
+            w.augment_layers = gr.Textbox(label="explicit augmenting layers")
+            w.heads = gr.Number(0, label="heads (0 = anchor's)", precision=0, minimum=0)
+        with gr.Row():
+            w.gate = gr.Radio(list(GATE_TYPES), value="channel", label="gate")
+            w.insert = gr.Radio(list(INSERT_POINTS), value="after",
+                                label="bridge at each anchor layer's output (after) or input (before)")
+            w.recency = gr.Number(0, label="recency biases (0 = none)", precision=0, minimum=0)
+            w.null_slot = gr.Checkbox(False, label="null slot (attention may write nothing)")
+            w.window = gr.Number(0, label="window: newest augmenting states each token sees (0 = all)",
+                                 precision=0, minimum=0)
+        w.build_btn = gr.Button("Compose")
+    w.models = gr.Dataframe(headers=MODEL_HEADERS, label="Models", interactive=False)
+    w.bridge_md = gr.Markdown()
+    w.diagram = gr.Plot(label="Composition layers")
+    w.story = gr.Markdown()
+
+
+def data_tab(w: SimpleNamespace) -> None:
+    gr.Markdown("The bridge learns from a few examples of the **combined skill** (the paper uses 5–20% of the domain "
+                "data). Upload CSV, JSON Lines, JSON, Parquet or text (up to 200 MB; large files: CSV or Parquet); "
+                "map its columns; train.")
+    with gr.Row():
+        w.upload = gr.File(label="Upload data", file_types=DATA_TYPES, height=140)
+        w.preset_data = gr.Dropdown([], label="…or a preset data set")
+    w.preview = gr.Dataframe(label="Preview", interactive=False)
+    w.data_note = gr.Markdown()
+    with gr.Row():
+        w.prompt_col = gr.Dropdown(["(none)"], value="(none)", label="prompt column")
+        w.completion_col = gr.Dropdown(["(none)"], value="(none)", label="completion column")
+        w.text_col = gr.Dropdown(["(none)"], value="(none)", label="text column")
+        w.val_fraction = gr.Slider(0.0, 0.5, 0.1, step=0.05, label="validation share")
+    w.use_data_btn = gr.Button("Use this data")
+    with gr.Row():
+        w.steps = gr.Number(200, label="steps", precision=0, minimum=1, maximum=100_000)
+        w.lr = gr.Number(1e-3, label="learning rate")
+        w.batch = gr.Number(16, label="batch size", precision=0, minimum=1)
+        w.gate_lr = gr.Number(1.0, label="gate learning rate × (closed tanh gates open slowly; try 10-50)")
+        w.augment_noise = gr.Number(0.0, label="noise on augmenting states (few distinct augmenting inputs: try 0.5-1)")
+    with gr.Row():
+        w.train_btn = gr.Button("Train", variant="primary")
+        w.stop_btn = gr.Button("Stop", variant="stop")
+    w.train_status = gr.Markdown()
+    with gr.Row():
+        w.loss_plot = gr.Plot(label="Loss")
+        w.gate_plot = gr.Plot(label="Gates")
+    with gr.Row():
+        w.download_btn = gr.Button("Prepare bridge download")
+        w.bridge_file = gr.File(label="Bridge (config + safetensors)", interactive=False)
+        w.bridge_upload = gr.File(label="Load a bridge (.zip, or .json + .safetensors)", file_count="multiple",
+                                  file_types=[".zip", ".json", ".safetensors"], height=140)
+    w.bridge_status = gr.Markdown()
+
+
+def chat_tab(w: SimpleNamespace) -> None:
+    gr.Markdown("The same prompt goes to the **composition**, the **anchor alone** and the **augmenting model alone**. "
+                "Slide the gate scale: 0 is the anchor exactly, 1 the trained bridge, above 1 exaggerates (a bridge "
+                "without a gate is scaled the same way).")
+    with gr.Row():
+        w.bot_calm = gr.Chatbot(label="CALM (composed)", height=300)
+        w.bot_anchor = gr.Chatbot(label="anchor alone", height=300)
+        w.bot_augment = gr.Chatbot(label="augmenting model alone", height=300)
+    w.message = gr.Textbox(label="Prompt", placeholder="e.g. a key-value expression")
+    w.examples = gr.Dataset(components=[w.message], samples=[["Hello"]], label="Example prompts")
+    with gr.Row():
+        w.send = gr.Button("Send", variant="primary")
+        w.clear = gr.Button("Clear")
+    w.chat_note = gr.Markdown()
+    with gr.Row():
+        w.gate_scale = gr.Slider(0, 3, 1, step=0.05, label="gate scale")
+        w.layers_off = gr.CheckboxGroup([], label="switch composition layers off")
+    with gr.Accordion("Sampling", open=False):
+        with gr.Row():
+            w.mode = gr.Radio(["completion", "chat"], value="completion", label="prompt as")
+            w.max_new = gr.Slider(1, 256, 16, step=1, label="max new tokens")
+            w.do_sample = gr.Checkbox(False, label="sample")
+            w.temperature = gr.Slider(0.05, 2, 1, label="temperature")
+            w.top_k = gr.Number(0, label="top-k (0 = off)", precision=0, minimum=0)
+            w.top_p = gr.Slider(0.05, 1, 1, label="top-p")
+            w.seed = gr.Number(0, label="seed", precision=0, minimum=0)
+
+
+def bridge_tab(w: SimpleNamespace) -> None:
+    gr.Markdown("How far each gate has opened, channel by channel and over training; and where each anchor token looks "
+                "in the augmenting model's tokens. Use the camera icon on a figure to export it.")
+    w.gates_btn = gr.Button("Show gates")
+    with gr.Row():
+        w.gate_bars = gr.Plot(empty("Press “Show gates”"), label="Gate opening")
+        w.gate_hist = gr.Plot(empty("Train the bridge to see its gates move"), label="Over training")
+    w.gate_heat = gr.Plot(empty("Press “Show gates”"), label="Layer × channel")
+    with gr.Row():
+        w.attn_text = gr.Textbox(label="Text to look at (both models read it)", scale=3)
+        w.attn_layer = gr.Dropdown([0], value=0, label="composition layer")
+        w.attn_head = gr.Dropdown(["mean"], value="mean", label="head")
+    w.attn_btn = gr.Button("Show cross-attention")
+    w.attn_plot = gr.Plot(empty("Type a text and press “Show cross-attention”"), label="Cross-attention")
+
+
+def evaluate_tab(w: SimpleNamespace) -> None:
+    gr.Markdown("The anchor alone, the augmenting model alone and the composition on the same examples, as the paper's "
+                "tables compare them. A preset's sets are scored, and given as many new tokens, as its table was.")
+    with gr.Row():
+        w.eval_choice = gr.Dropdown([], label="Evaluation set")
+        w.eval_upload = gr.File(label="…or upload one", file_types=DATA_TYPES, height=140)
+    with gr.Row():
+        w.metrics = gr.CheckboxGroup(list(METRICS), value=["exact_match", "loss"], label="metrics")
+        w.eval_max_new = gr.Number(16, label="max new tokens", precision=0, minimum=1)
+        w.eval_limit = gr.Number(100, label="examples (0 = all)", precision=0, minimum=0)
+    w.eval_btn = gr.Button("Evaluate", variant="primary")
+    w.eval_table = gr.Dataframe(label="Results", interactive=False)
+    w.eval_plot = gr.Plot()
+    w.eval_sigs = gr.Markdown()
+    w.paper_md = gr.Markdown()
+
+
+def wire(demo: gr.Blocks, w: SimpleNamespace) -> None:
+    """Every event: which handler, from which widgets, to which."""
+    model = [w.session, w.models, w.bridge_md, w.diagram, w.layers_off, w.attn_layer, w.examples, w.attn_head, w.story]
+    data = [w.preview, w.data_note, w.prompt_col, w.completion_col, w.text_col]
+    fresh = [w.max_new, w.mode, w.bot_calm, w.bot_anchor, w.bot_augment, w.message, w.bridge_file, w.train_status,
+             w.bridge_status]
+    everything = model[:7] + data + [w.eval_choice, w.paper_md, w.preset_data, w.metrics] + model[7:] + [w.eval_max_new] + fresh
+    demo.load(h.start, [w.preset], everything, api_name="start")
+    w.preset_btn.click(h.use_preset, [w.session, w.preset], everything, api_name="use_preset")
+    w.build_btn.click(h.build, [w.session, w.anchor, w.augments, w.every, w.anchor_layers, w.augment_layers, w.heads,
+                                w.gate, w.insert, w.recency, w.null_slot, w.window], model + fresh, api_name="build")
+    w.reset_btn.click(h.reset_bridge, w.session, [w.models_note] + model + fresh, api_name="reset_bridge")
+    w.real_btn.click(h.load_real_pair, w.session, [w.models_note] + model + fresh, api_name="real_pair")
+
+    w.upload.change(h.inspect_upload, [w.session, w.upload], data, api_name="inspect_upload")
+    w.use_data_btn.click(h.use_data, [w.session, w.upload, w.preset_data, w.prompt_col, w.completion_col, w.text_col,
+                                      w.val_fraction], w.data_note, api_name="use_data")
+    w.train_btn.click(h.train, [w.session, w.steps, w.lr, w.batch, w.gate_lr, w.augment_noise],
+                      [w.train_status, w.loss_plot, w.gate_plot, w.bridge_file], api_name="train",
+                      concurrency_limit=None, show_progress="minimal", show_progress_on=[w.train_status])
+    w.stop_btn.click(h.stop, w.session, w.train_status, api_name="stop", concurrency_limit=None, show_progress="hidden")
+    w.download_btn.click(h.download_bridge, w.session, w.bridge_file, api_name="download_bridge")
+    w.bridge_upload.upload(h.upload_bridge, [w.session, w.bridge_upload], model + fresh, api_name="upload_bridge")
+
+    chat_inputs = [w.session, w.message, w.bot_calm, w.bot_anchor, w.bot_augment, w.max_new, w.do_sample,
+                   w.temperature, w.top_k, w.top_p, w.seed, w.gate_scale, w.layers_off, w.mode]
+    chat_outputs = [w.bot_calm, w.bot_anchor, w.bot_augment, w.chat_note]
+    w.send.click(h.chat, chat_inputs, chat_outputs, api_name="chat", concurrency_limit=None)
+    w.message.submit(h.chat, chat_inputs, chat_outputs, concurrency_limit=None)
+    w.examples.click(lambda row: row[0], w.examples, w.message)
+    w.clear.click(lambda: ([], [], [], ""), None, chat_outputs)
+
+    w.gates_btn.click(h.show_gates, w.session, [w.gate_bars, w.gate_heat, w.gate_hist], api_name="gates")
+    w.attn_btn.click(h.show_attention, [w.session, w.attn_text, w.attn_layer, w.attn_head], w.attn_plot,
+                     api_name="attention")
+    w.eval_btn.click(h.run_eval, [w.session, w.eval_choice, w.eval_upload, w.metrics, w.eval_max_new, w.eval_limit],
+                     [w.eval_table, w.eval_plot, w.eval_sigs], api_name="evaluate", concurrency_limit=None)
+
+
+def build_app() -> gr.Blocks:
+    presets = list_presets()
+    default = DEFAULT_PRESET if DEFAULT_PRESET in presets else (presets[0] if presets else None)
+    w = SimpleNamespace()
+    with gr.Blocks(title="CALM Lab") as demo:
+        w.session = gr.State(delete_callback=lambda s: s and s.stop_training())
+        gr.Markdown(INTRO)
+        with gr.Tabs():
+            for title, tab in (("1 · Models", lambda: models_tab(w, presets, default)), ("2 · Data & train", lambda: data_tab(w)),
+                               ("3 · Chat", lambda: chat_tab(w)), ("4 · Inside the bridge", lambda: bridge_tab(w)),
+                               ("5 · Evaluate", lambda: evaluate_tab(w))):
+                with gr.Tab(title):
+                    tab()
+        wire(demo, w)
+    return demo

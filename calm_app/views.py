@@ -1,0 +1,163 @@
+"""What the widgets show for a session's state: pure functions from a LabSession to component
+values and updates, shared by the handlers that change that state."""
+from __future__ import annotations
+
+import functools
+import inspect
+import traceback
+
+import gradio as gr
+
+from calm_core import CALMError, figures
+from calm_core.bounds import heads
+from calm_core.evaluation import METRICS
+from calm_core.lab import LabSession, layer_labels, model_rows
+
+ROLES_NOTE = ("**Who is who.** The *anchor* is the model that answers; the *augmenting* model only lends it its hidden "
+              "states. In the paper's tables m_A is the augmenting model and m_B the anchor. **Null slot**: a place "
+              "the cross-attention may look at to write nothing. **Window**: how many of the newest augmenting states "
+              "each anchor token may look at (0 = all it may see).")
+
+
+def friendly(fn):
+    """Show calm_core errors as a message in the page, never a traceback; the server log gets one
+    traceback for an unexpected error and none for a handled one."""
+    def explain(exc):
+        if isinstance(exc, gr.Error):
+            return exc
+        if isinstance(exc, CALMError):
+            return gr.Error(str(exc), print_exception=False)
+        traceback.print_exception(exc)
+        return gr.Error(f"Something went wrong: {type(exc).__name__}: {exc}", print_exception=False)
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def gen(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except GeneratorExit:
+                raise
+            except Exception as exc:
+                raise explain(exc) from None
+        return gen
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raise explain(exc) from None
+    return call
+
+
+def require(session) -> LabSession:
+    if session is None:
+        raise CALMError("No models in this session yet: load a preset or compose two models first.")
+    return session
+
+
+# ---- Models tab ------------------------------------------------------------------------------
+
+def bridge_summary(calm) -> str:
+    labels = layer_labels(calm)
+    trainable, total = calm.num_parameters()
+    config = calm.config
+    layers = f"{len(labels)} composition layer" + ("" if len(labels) == 1 else "s")
+    gate = ("**no gate**: the bridge adds its output in full, so it does not start as the anchor, and the gate "
+            "plots read 1.0" if config.gate == "none" else f"gate type `{config.gate}`, starting closed")
+    return (f"**Bridge:** {trainable:,} trainable parameters — {100 * trainable / total:.2f}% of all {total:,}; "
+            f"{layers}, {gate}, added {config.insert} each anchor layer"
+            + (f", {config.recency} recency biases per head" if config.recency else "")
+            + (", a null slot" if config.null_slot else "")
+            + (f", a window of {config.window} augmenting states" if config.window else "") + ".")
+
+
+def model_outputs(session: LabSession):
+    """session, models table, summary, diagram, layers-off menu, layer menu, examples, head menu, story."""
+    if session.calm is None:  # no preset shipped: start empty, ready for the user's models
+        return (session, [], "No models yet: choose two below.", None, gr.update(choices=[], value=[]),
+                gr.update(choices=[0], value=0), gr.Dataset(samples=[["Hello"]]),
+                gr.update(choices=["mean"], value="mean"), ROLES_NOTE)
+    calm = session.require()
+    labels = layer_labels(calm)
+    diagram = figures.layer_diagram(calm.anchor.info.num_layers, [m.info.num_layers for m in calm.augments],
+                                    calm.layer_pairs(), "anchor", [f"augment {k}" for k in range(len(calm.augments))],
+                                    insert=calm.config.insert)
+    preset = session.preset
+    examples = [[p] for p in (preset.example_prompts if preset else [])]
+    story = (preset.story_markdown() + "\n\n" if preset else "") + ROLES_NOTE
+    return (session, model_rows(calm), bridge_summary(calm), diagram, gr.update(choices=labels, value=[]),
+            gr.update(choices=list(range(len(labels))), value=0), gr.Dataset(samples=examples or [["Hello"]]),
+            gr.update(choices=["mean"] + list(range(heads(calm))), value="mean"), story)
+
+
+# ---- Data & train tab --------------------------------------------------------------------------
+
+def data_outputs(session: LabSession):
+    """preview, note, three column menus; for the session's data (none: cleared)."""
+    from calm_core.data import preview
+
+    splits = session.splits
+    if splits is None:
+        return gr.update(value=None), "No data yet.", gr.update(), gr.update(), gr.update()
+    path = session.preset.train_file if session.preset else None
+    rows = preview(path) if path else []
+    columns = splits.columns
+    note = f"**{splits.source}** — {len(splits.train):,} training and {len(splits.validation):,} validation examples ({splits.shape})."
+    return (gr.update(value=[[r.get(c) for c in columns] for r in rows], headers=columns), note,
+            *[gr.update(choices=["(none)"] + columns, value=default if default in columns else "(none)")
+              for default in ("prompt", "completion", "text")])
+
+
+def train_view(run, labels):
+    return run.status(), figures.loss_curves(run.history), figures.gate_history(run.history, labels)
+
+
+# ---- Chat tab ----------------------------------------------------------------------------------
+
+def chat_settings(session: LabSession):
+    """Max new tokens and prompt mode from the preset (or the defaults), and cleared chats."""
+    preset = session.preset
+    tokens = preset.max_new_tokens if preset else 32
+    mode = preset.prompt_mode if preset else ("chat" if session.calm is not None and session.has_chat_template()
+                                              else "completion")
+    return gr.update(value=tokens), gr.update(value=mode), [], [], [], ""
+
+
+# ---- Inside the bridge tab ---------------------------------------------------------------------
+
+def gate_figures(session: LabSession):
+    calm = session.require()
+    gates, pairs = calm.gates(), calm.layer_pairs()
+    return (figures.gate_bars(gates, pairs, calm.config.gate), figures.gate_heatmap(gates, pairs, calm.config.gate),
+            figures.gate_history(session.run.history, pairs))
+
+
+# ---- Evaluate tab ------------------------------------------------------------------------------
+
+def eval_choices(session: LabSession):
+    """set menu, paper table, preset data menu, metrics, max new tokens."""
+    preset = session.preset
+    choices = list(preset.eval_files) if preset else []
+    paper = preset.comparison_markdown() if preset else ""
+    data = list(preset.data_files) if preset else []
+    metrics = [m for m in preset.metrics if m in METRICS] if preset else ["exact_match", "loss"]
+    tokens = (preset.eval_max_new_tokens or preset.max_new_tokens) if preset else 16
+    return (gr.update(choices=choices, value=choices[0] if choices else None), paper, gr.update(choices=data, value=None),
+            gr.update(value=metrics), gr.update(value=tokens))
+
+
+def eval_outputs(table, note: str):
+    columns = ["model"] + [m for m in list(METRICS) + ["perplexity"] if any(m in r for r in table.rows)]
+    rows = [[r["model"]] + [round(r[c], 3) if isinstance(r.get(c), float) else r.get(c) for c in columns[1:]]
+            for r in table.rows]
+    main_metric = next((m for m in ("exact_match", "chrf", "bleu", "loss") if m in columns), columns[-1])
+    signatures = "\n".join(f"- {k}: {_signature(v)}" for k, v in table.signatures.items())
+    return gr.update(value=rows, headers=columns), figures.eval_bars(table.rows, main_metric), note + signatures
+
+
+def _signature(text: str) -> str:
+    """sacrebleu's signature ("nrefs:1|case:mixed|...") as words, with the raw one for reproduction."""
+    parts = dict(p.split(":", 1) for p in text.split("|") if ":" in p)
+    words = ", ".join(f"{k} {v}" for k, v in parts.items() if k in ("nrefs", "case", "tok", "nc", "nw", "version"))
+    return f"{words} (`{text}`)"

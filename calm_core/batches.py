@@ -104,6 +104,6 @@ def collate(calm, rows: list[Row]) -> tuple[ComposedBatch, torch.Tensor]:
 
 def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Cross-entropy (N,) of each target token; logits at i predict the label at i + 1."""
-    shifted = labels[:, 1:]
+    shifted = labels[:, 1:].to(logits.device)  # labels are built on the CPU; logits may be on a GPU
     keep = shifted != -100
     return torch.nn.functional.cross_entropy(logits[:, :-1][keep].float(), shifted[keep], reduction="none")

@@ -96,3 +96,98 @@ def test_unknown_model_and_preset(lab, tmp_path):
         session.build(str(tmp_path / "nope"), [str(tmp_path / "nope2")])
     with pytest.raises(CALMError, match="No preset named"):
         session.use_preset("missing")
+
+
+# ---- issue 19: bounds, memory, failed runs, large data, preset settings -------------------------
+
+def test_a_batch_that_would_not_fit_is_refused_before_work_starts(lab, monkeypatch):
+    session = lab(ModelCache())
+    session.use_preset("tiny")
+    monkeypatch.setattr("calm_core.resources.available_bytes", lambda device=None: 200 * 2**20)
+    with pytest.raises(CALMError, match=r"batch size 100,000 would need about .* at most batch size [\d,]+ fits"):
+        session.start_training(TrainConfig(steps=2, batch_size=100_000, progress=False))
+    assert not session.training
+    session.start_training(TrainConfig(steps=2, batch_size=4, progress=False))  # a batch that fits still trains
+    session.wait(60)
+    assert "Finished 2 steps." in session.run.message
+
+
+def test_lr_1e6_leaves_a_good_bridge_and_the_next_run_trains(lab):
+    session = lab(ModelCache())
+    session.use_preset("tiny")
+    session.start_training(TrainConfig(steps=20, lr=1e6, batch_size=4, log_every=1, progress=False))
+    session.wait(60)
+    assert "diverged" in session.run.message and "restored" in session.run.message
+    assert all(torch.isfinite(p).all() for p in session.calm.bridge.parameters())
+    assert all(torch.isfinite(g).all() for g in session.calm.gates())
+    session.start_training(TrainConfig(steps=10, lr=1e-3, batch_size=4, log_every=1, progress=False))
+    session.wait(60)
+    assert "Finished 10 steps." in session.run.message
+    assert all(torch.isfinite(torch.tensor(h["loss"])) for h in session.run.history)
+    final = list(session.replies("abcd=", max_new_tokens=4))[-1]
+    assert all(isinstance(t, str) for t in final)
+
+
+def test_a_large_csv_stays_arrow_columns_and_trains_without_preparing_every_row(lab, tmp_path):
+    from calm_core.data import ArrowExamples
+
+    path = tmp_path / "large.csv"
+    with open(path, "w") as f:
+        f.write("prompt,completion\n")
+        for i in range(60_000):
+            word = "".join("abcdef"[(i >> (2 * k)) % 6] for k in range(4))
+            f.write(f"{word}=,{word[::-1]}\n")
+    session = lab(ModelCache())
+    session.use_preset("tiny")
+    splits = session.set_data(path, validation_fraction=0.01)
+    assert isinstance(splits.train, ArrowExamples) and len(splits.train) == 59_400
+    assert splits.train[0].prompt.endswith("=")
+    session.start_training(TrainConfig(steps=3, batch_size=4, log_every=1, progress=False))
+    session.wait(120)
+    assert "Finished 3 steps." in session.run.message
+    assert len(session.trainer.train_rows._chunks) <= 12  # only what the three batches touched
+
+
+def test_stop_with_nothing_running_says_so(lab):
+    session = lab(ModelCache())
+    session.use_preset("tiny")
+    assert session.stop_training() is False
+
+
+def test_start_over_with_a_closed_bridge_is_the_anchor(lab):
+    session = lab(ModelCache())
+    session.use_preset("tiny")
+    with torch.no_grad():
+        for p in session.calm.bridge.parameters():
+            p.add_(0.3)
+    calm = session.reset_bridge()
+    assert all(float(g.abs().max()) == 0 for g in calm.gates())
+    torch.testing.assert_close(calm.logits(["abcd="]), session.solo(0).logits(["abcd="]))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda s: list(s.replies("abcd=", max_new_tokens=-3)), r"max new tokens must be a whole number from 1 to"),
+    (lambda s: list(s.replies("ab" * 6000, max_new_tokens=4)), r"The prompt is [\d,]+ (characters|tokens)"),
+    (lambda s: s.attention("abcd" * 1250), r"cross-attention map shows at most \d+ tokens"),
+    (lambda s: s.evaluate(s.preset.eval_files["reverse (held out)"], ["exact_match"], 4, -5),
+     r"examples must be a whole number from 0 to 10"),
+])
+def test_nonsense_is_refused_with_the_allowed_range(lab, call, message):
+    session = lab(ModelCache())
+    session.use_preset("tiny")
+    with pytest.raises(CALMError, match=message):
+        call(session)
+
+
+def test_a_bridge_for_other_models_of_the_same_shape_loads_with_a_warning(lab, tmp_path):
+    from calm_core import CALMConfig, ComposedLM
+    from calm_core.tiny import char_tokenizer, tiny_model
+
+    tok = char_tokenizer()
+    anchor = tiny_model("gpt2", len(tok) + 40, layers=2, width=32, seed=7)  # another vocabulary, same shape
+    augment = tiny_model("llama", len(tok), layers=2, width=32, seed=8)
+    ComposedLM((anchor, tok), [(augment, tok)], CALMConfig(every=1)).save_pretrained(tmp_path / "other")
+    session = lab(ModelCache())
+    session.use_preset("tiny")
+    warning = session.import_bridge([tmp_path / "other" / "bridge_config.json", tmp_path / "other" / "bridge.safetensors"])
+    assert "trained for other models" in warning and "vocab_size" in warning

@@ -220,3 +220,55 @@ def test_augment_noise_must_not_be_negative():
     for bad in (-0.1, float("nan"), float("inf")):
         with pytest.raises(CALMError, match="augment_noise"):
             TrainConfig(augment_noise=bad)
+
+
+def test_a_failed_run_restores_bridge_and_optimizer_from_before_its_last_good_step(calm):
+    """lr 1e6 diverges within a few steps; what is left is exactly the state before the last step
+    that went well (bridge and optimizer, all finite), and a run at a sane lr then trains."""
+    trainer = Trainer(calm, reverse_task(32, 0), None, config(steps=30, lr=1e6, warmup_steps=1, log_every=1))
+    states = []
+    real_step = trainer._train_step
+
+    def recording_step(use_cache):  # the bridge and optimizer before each step
+        states.append(trainer._snapshot())
+        return real_step(use_cache)
+
+    trainer._train_step = recording_step
+    result = trainer.train()
+    assert result.stop_reason == "diverged" and "restored" in result.message
+    failed = len(states)  # the step that failed was the last one run; the one before it went well
+    good = states[failed - 2] if failed >= 2 else states[0]
+    assert trainer.step == good["step"]
+    for name, value in calm.bridge.state_dict().items():
+        assert torch.equal(value, good["bridge"][name]), name
+    restored = trainer.optimizer.state_dict()["state"]
+    for index, entry in good["optimizer"]["state"].items():
+        for key, value in entry.items():
+            assert torch.equal(torch.as_tensor(restored[index][key]), torch.as_tensor(value)), (index, key)
+    assert all(torch.isfinite(p).all() for p in calm.bridge.parameters())
+    assert all(torch.isfinite(torch.as_tensor(v)).all() for e in restored.values() for v in e.values())
+    again = Trainer(calm, reverse_task(32, 0), None, config(steps=20, lr=1e-3, log_every=1)).train()
+    assert again.stop_reason == "finished" and all(math.isfinite(h["loss"]) for h in again.history)
+
+
+def test_rows_of_a_large_data_set_are_prepared_as_training_reaches_them(calm, monkeypatch):
+    import calm_core.training as training
+
+    monkeypatch.setattr(training, "PREPARE_ALL", 100)
+    trainer = Trainer(calm, reverse_task(1000, 0), None, config(steps=2, batch_size=4))
+    result = trainer.train()
+    assert result.stop_reason == "finished" and not result.augment_cache
+    assert 0 < len(trainer.train_rows._chunks) <= 8  # only the chunks of the 8 examples used
+
+
+def test_stop_is_answered_while_the_examples_are_prepared(calm):
+    trainer = Trainer(calm, reverse_task(3000, 0), None, config(steps=5))
+    seen = []
+
+    def progress(done, total):
+        seen.append(done)
+        trainer.request_stop()
+
+    result = trainer.train(prepare_progress=progress)
+    assert result.stop_reason == "stopped" and "preparing" in result.message and seen == [64]
+    assert result.step == 0

@@ -11,7 +11,7 @@ import gradio as gr
 from calm_core import CALMError, figures
 from calm_core.bounds import heads
 from calm_core.evaluation import METRICS
-from calm_core.lab import LabSession, layer_labels, model_rows
+from calm_core.lab import LabSession, layer_labels, model_rows, short_name
 
 ROLES_NOTE = ("**Who is who.** The *anchor* is the model that answers; the *augmenting* model only lends it its hidden "
               "states. In the paper's tables m_A is the augmenting model and m_B the anchor. **Null slot**: a place "
@@ -149,6 +149,9 @@ def eval_choices(session: LabSession):
 
 def eval_outputs(table, note: str):
     columns = ["model"] + [m for m in list(METRICS) + ["perplexity"] if any(m in r for r in table.rows)]
+    for r in table.rows:  # "anchor: /srv/.../presets/x/anchor" -> "anchor: presets/x/anchor"
+        role, _, name = r["model"].partition(": ")
+        r["model"] = f"{role}: {short_name(name)}" if name else role
     rows = [[r["model"]] + [round(r[c], 3) if isinstance(r.get(c), float) else r.get(c) for c in columns[1:]]
             for r in table.rows]
     main_metric = next((m for m in ("exact_match", "chrf", "bleu", "loss") if m in columns), columns[-1])

@@ -293,7 +293,8 @@ def short_name(name: str) -> str:
         return "/".join(parts[parts.index("presets"):])
     from .real_pair import display_name
 
-    return display_name(path)
+    title = display_name(path)  # "Gemma 3 270M (base)" for the real pair's folders
+    return "/".join(parts[-2:]) if title == path.name else title
 
 
 def layer_labels(calm: ComposedLM) -> list[str]:

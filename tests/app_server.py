@@ -18,6 +18,7 @@ from .app_fixtures import write_tiny_preset
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 90
+SERVER: dict = {}  # "log": the server's log file, "pid": its process id (for tests that read them)
 
 
 def free_port() -> int:
@@ -56,6 +57,7 @@ def app_url(tmp_path_factory):
     with open(log_path, "wb") as log:
         process = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
+    SERVER.update(log=log_path, pid=process.pid)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not _answers(url):

@@ -134,3 +134,43 @@ def test_main_path(page):
     expect(results.get_by_role("gridcell", name=re.compile(r"^augment 0: "))).to_be_visible()
     expect(results.get_by_role("columnheader", name="exact_match")).to_be_visible()
     shot(page, "app-5-evaluate")
+
+
+def toast(page, text: str):
+    """Wait for an error message containing `text`, then close it."""
+    body = page.get_by_test_id("toast-body").filter(has_text=text)
+    expect(body.first).to_be_visible()
+    body.first.get_by_test_id("toast-close").click()
+
+
+def test_classroom_safeguards(page):
+    """Issue 19's broken items as a student meets them: each is refused with its range, and the page
+    shows the preset's own settings and only the heads the bridge has."""
+    expect(table(page, "Models").get_by_role("gridcell", name="bridge", exact=True)).to_be_visible()
+    expect(page.get_by_text("random tiny models")).to_be_visible()  # the preset's story
+
+    page.get_by_role("tab", name="2 · Data & train").click()
+    page.get_by_role("button", name="Stop", exact=True).click()
+    expect(page.get_by_text("Nothing is training.")).to_be_visible()
+    page.get_by_label("batch size").fill("100000")
+    page.get_by_role("button", name="Train", exact=True).click()
+    toast(page, "batch size must be a whole number from 1 to 4,096")
+    page.get_by_label("batch size").fill("4")
+    page.get_by_label("learning rate", exact=True).fill("1000000")
+    page.get_by_role("button", name="Train", exact=True).click()
+    toast(page, "learning rate must be a number above 0 up to 10")
+    shot(page, "app-6-refused")
+
+    page.get_by_role("tab", name="3 · Chat").click()
+    page.get_by_text("Sampling").click()
+    expect(page.get_by_label("number input for max new tokens")).to_have_value("6")  # the preset's max_new_tokens
+
+    page.get_by_role("tab", name="4 · Inside the bridge").click()
+    page.get_by_label("head").click()
+    options = page.get_by_role("option")
+    expect(options).to_have_count(5)  # mean and the bridge's 4 heads
+    expect(options.filter(has_text=re.compile(r"^\s*10\s*$"))).to_have_count(0)
+    page.keyboard.press("Escape")
+    page.get_by_label("Text to look at (both models read it)").fill("abcd" * 1250)
+    page.get_by_role("button", name="Show cross-attention").click()
+    toast(page, "a cross-attention map shows at most")

@@ -99,16 +99,22 @@ def reset_bridge(session):
 
 @friendly
 def load_real_pair(session, progress=gr.Progress()):
+    """Gemma 3 270M (anchor) + SmolLM2-135M-Instruct (augmenting), each loaded (after its memory
+    check) with progress, then composed through a new, closed bridge."""
+    from calm_core.model_cache import default_dtype
     from calm_core.real_pair import PREPARE_COMMAND, prepared_pair
 
     session = session or LabSession()
     folders = prepared_pair()
     if folders is None:
         raise CALMError(f"The real pair is not prepared on this server. Prepare it once with: {PREPARE_COMMAND}")
-    progress(0.1, desc="loading Gemma 3 270M and SmolLM2-135M-Instruct")
+    for fraction, (key, title) in zip((0.05, 0.5), (("gemma", "Gemma 3 270M"), ("smollm2", "SmolLM2-135M-Instruct"))):
+        progress(fraction, desc=f"loading {title}")
+        session.cache.get(str(folders[key]), default_dtype())  # cached: build() below finds it
+    progress(0.9, desc="composing")
     session.build(str(folders["gemma"]), [str(folders["smollm2"])], CALMConfig(every=6))
-    progress(1.0, desc="composed")
-    return (("Composed Gemma 3 270M (anchor) with SmolLM2-135M-Instruct (augmenting) through a new, closed bridge.",)
+    return (("Composed Gemma 3 270M (anchor) with SmolLM2-135M-Instruct (augmenting) through a new bridge with closed "
+             "gates: it answers as Gemma alone until you train it. Gemma 3 270M is a base model: use **completion**.",)
             + views.model_outputs(session) + _fresh_views(session))
 
 

@@ -12,6 +12,7 @@ from calm_core.figures import empty
 from calm_core.presets import list_presets
 
 from . import handlers as h
+from . import views
 
 DEFAULT_PRESET = os.environ.get("CALM_DEFAULT_PRESET", "kv_arithmetic")
 MODEL_HEADERS = ["role", "name", "architecture", "layers", "width", "heads", "parameters"]
@@ -32,7 +33,7 @@ def models_tab(w: SimpleNamespace, presets: list[str], default: str | None) -> N
         w.preset_btn = gr.Button("Load preset", variant="primary", scale=1)
         w.real_btn = gr.Button("Compose the real pair (Gemma 3 270M + SmolLM2-135M)", scale=1)
         w.reset_btn = gr.Button("Start over with a closed bridge", scale=1)
-    w.models_note = gr.Markdown()
+    w.models_note = gr.Markdown(views.real_pair_note())
     with gr.Accordion("…or choose your own models", open=False):
         with gr.Row():
             w.anchor = gr.Textbox(label="Anchor model (folder or hub id)")

@@ -91,6 +91,14 @@ def model_outputs(session: LabSession):
             gr.update(choices=["mean"] + list(range(heads(calm))), value="mean"), story)
 
 
+def real_pair_note() -> str:
+    from calm_core.real_pair import PREPARE_COMMAND, prepared_pair
+
+    if prepared_pair() is not None:
+        return "*The real pair is prepared on this server: about 1.6 GB in float32 (half in bf16 on a GPU).*"
+    return f"*The real pair is not prepared on this server; prepare it once with `{PREPARE_COMMAND}`.*"
+
+
 # ---- Data & train tab --------------------------------------------------------------------------
 
 def data_outputs(session: LabSession):

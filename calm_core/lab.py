@@ -77,7 +77,11 @@ class LabSession:
             calm = ComposedLM.from_pretrained(bridge, anchor=pairs[0], augments=pairs[1:])
         else:
             calm = ComposedLM(pairs[0], pairs[1:], config or CALMConfig())
-        self.calm, self.names, self._solo, self.run, self.preset = calm, [anchor] + augments, {}, RunState(), None
+        preset = self.preset  # composing a preset's own folders by hand keeps its data sets and prompts
+        same = preset is not None and [str(Path(n).resolve()) for n in [anchor] + augments] == [
+            str(Path(p).resolve()) for p in [preset.anchor] + preset.augments]
+        self.calm, self.names, self._solo, self.run = calm, [anchor] + augments, {}, RunState()
+        self.preset = preset if same else None
         return calm
 
     def use_preset(self, name: str) -> Preset:

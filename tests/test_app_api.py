@@ -435,3 +435,12 @@ def test_start_over_with_a_closed_bridge(client):
     assert "closed gates" in out[0]
     closed = chat(client, "bead=")
     assert text_of(closed[0][-1]) == text_of(closed[1][-1])  # the composition is the anchor again
+
+
+def test_the_real_pair_when_it_is_not_prepared_names_the_command(client):
+    from calm_core.real_pair import PREPARE_COMMAND
+
+    with pytest.raises(AppError, match="The real pair is not prepared on this server") as error:
+        client.predict(api_name="/real_pair")
+    assert PREPARE_COMMAND in str(error.value)
+    still_works(client)

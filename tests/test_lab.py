@@ -191,3 +191,29 @@ def test_a_bridge_for_other_models_of_the_same_shape_loads_with_a_warning(lab, t
     session.use_preset("tiny")
     warning = session.import_bridge([tmp_path / "other" / "bridge_config.json", tmp_path / "other" / "bridge.safetensors"])
     assert "trained for other models" in warning and "vocab_size" in warning
+
+
+def test_composing_the_presets_own_folders_keeps_its_data_and_prompts(lab, preset_root):
+    from calm_core import CALMConfig
+
+    session = lab(ModelCache())
+    session.use_preset("tiny")
+    session.build(str(preset_root / "tiny" / "anchor"), [str(preset_root / "tiny" / "augment")], CALMConfig(every=1))
+    assert session.preset is not None and session.preset.example_prompts == ["abcd=", "fed="]
+    assert all(float(g.abs().max()) == 0 for g in session.calm.gates())  # a new, closed bridge
+
+
+def test_models_go_to_the_gpu_in_bf16_when_there_is_one(monkeypatch):
+    import calm_core.model_cache as mc
+
+    seen = []
+    monkeypatch.setattr(mc, "load_causal_lm", lambda name, dtype=None, trust_remote_code=False, device=None:
+                        seen.append((name, dtype, device)) or ("model", "tokenizer"))
+    monkeypatch.setattr(mc, "check_memory", lambda *a: None)
+    monkeypatch.setattr(mc.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(mc.torch.cuda, "is_bf16_supported", lambda: True)
+    assert mc.default_device() == "cuda" and mc.default_dtype() == torch.bfloat16
+    mc.ModelCache().get("some/model", mc.default_dtype())
+    assert seen == [("some/model", torch.bfloat16, "cuda")]
+    monkeypatch.setattr(mc.torch.cuda, "is_available", lambda: False)
+    assert mc.default_device() == "cpu" and mc.default_dtype() is None

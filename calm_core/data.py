@@ -502,5 +502,33 @@ def preview(path, n: int = 5, config: DataConfig | None = None, check_roles: boo
     """The first n rows with the file's own columns (absent JSON keys as None), after every check.
     check_roles=False only reads the file: for choosing a column mapping before there is one."""
     config = config or DataConfig()
+    if not check_roles and (head := _head(Path(path), n)) is not None:
+        return head
     table = _load(path, config)[0] if check_roles else _read(path, config)[0]
     return [{c: row.get(c) for c in table.columns} for row in table.rows[:n]]
+
+
+HEAD_ONLY_BYTES = 8 * _MB  # a larger CSV / text / Parquet file is previewed from its first rows only
+
+
+def _head(p: Path, n: int) -> list[dict] | None:
+    """The first n rows of a large CSV, text or Parquet file without reading the rest (None: read it all)."""
+    kind = FORMATS.get(p.suffix.lower())
+    if kind not in ("csv", "txt", "parquet") or not p.is_file() or p.stat().st_size <= HEAD_ONLY_BYTES:
+        return None
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            batch = next(pq.ParquetFile(p).iter_batches(batch_size=n), None)
+        except Exception as exc:
+            raise DataError(f"{p.name}: not a readable Parquet file ({exc}).") from exc
+        return batch.to_pylist() if batch is not None else []
+    with open(p, "rb") as f:
+        data = f.read(1 * _MB)
+    text = data.decode("utf-8-sig", errors="replace").rsplit("\n", 1)[0]  # whole lines only
+    if kind == "txt":
+        return [{"text": line} for line in text.split("\n") if line.strip()][:n]
+    rows = list(csv.reader(io.StringIO(text)))
+    header, body = rows[0], [r for r in rows[1:] if r][:n]
+    return [dict(zip(header, r + [None] * (len(header) - len(r)))) for r in body]

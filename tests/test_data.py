@@ -216,3 +216,14 @@ def test_directory_is_not_a_file(tmp_path):
     os.mkdir(tmp_path / "dir.csv")
     with pytest.raises(DataError, match=r"dir\.csv.*not a file"):
         load_examples(tmp_path / "dir.csv")
+
+
+def test_a_large_file_is_previewed_from_its_first_rows(tmp_path, monkeypatch):
+    import calm_core.data as data
+
+    path = write(tmp_path / "big.csv", "prompt,completion\n" + "".join(f'"a,{i}=",{i}\n' for i in range(2000)))
+    whole = data.preview(path, n=8, check_roles=False)
+    monkeypatch.setattr(data, "HEAD_ONLY_BYTES", 100)
+    assert data.preview(path, n=8, check_roles=False) == whole
+    txt = write(tmp_path / "big.txt", "".join(f"line {i}\n\n" for i in range(2000)))
+    assert data.preview(txt, n=3, check_roles=False) == [{"text": f"line {i}"} for i in range(3)]

@@ -9,6 +9,7 @@ from .errors import CALMError
 
 MAX_STEPS = 100_000
 MAX_BATCH = 4096
+APP_CACHE_MB = 256  # an app session's augmenting-state cache (reserved with its run)
 MAX_LR = 10.0
 MAX_GATE_LR_SCALE = 1000.0
 MAX_AUGMENT_NOISE = 10.0
@@ -111,7 +112,8 @@ def train_config(steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0):
         gate_lr_scale=real("gate learning rate ×", 1.0 if gate_lr_scale in (None, "") else gate_lr_scale, 0,
                            MAX_GATE_LR_SCALE, low_open=True),
         augment_noise=real("noise on augmenting states", augment_noise or 0.0, 0, MAX_AUGMENT_NOISE),
-        log_every=max(1, steps // 40), eval_every=max(1, steps // 10), warmup_steps=max(1, steps // 10), progress=False)
+        log_every=max(1, steps // 40), eval_every=max(1, steps // 10), warmup_steps=max(1, steps // 10), progress=False,
+        cache_budget_mb=APP_CACHE_MB)
 
 
 def heads(calm) -> int:

@@ -146,7 +146,7 @@ class LabSession:
         if self.splits is None:
             raise CALMError("No training data: upload a file or pick a preset data set first.")
         tokens = bounds.longest_tokens(calm, self.splits.train, config.max_length)
-        need = training_bytes(calm, config.batch_size, tokens)
+        need = training_bytes(calm, config.batch_size, tokens) + _cache_bytes(calm, config, len(self.splits.train), tokens)
         fits = bounds.largest_batch(calm, tokens)
         reservation = LEDGER.reserve(need, f"Training with batch size {config.batch_size:,}",
                                      f"At this data's longest example ({tokens:,} tokens) at most batch size {fits:,} "
@@ -272,6 +272,16 @@ class LabSession:
         self.calm, warning = bridge_files.import_bridge(calm, files)
         self.run, self._solo = RunState(), {}
         return warning
+
+
+def _cache_bytes(calm, config: TrainConfig, examples: int, tokens: int) -> int:
+    """At most what the trainer's augmenting-state cache can take: its budget, or every example at the longest."""
+    from .training import PREPARE_ALL
+
+    if not config.cache_augment_states or examples > PREPARE_ALL:
+        return 0
+    per_token = sum(m.info.width * len(b.pairs) * 4 for m, b in zip(calm.augments, calm.bridge.augments))
+    return int(min(config.cache_budget_mb * 2**20, examples * tokens * per_token))
 
 
 def model_rows(calm: ComposedLM) -> list[list]:

@@ -122,7 +122,8 @@ class Trainer:
             raise CALMError("No training examples.")
         self.dist = _Distributed()
         self.dist.broadcast_parameters(calm.bridge)
-        self.train_rows = PreparedRows(calm, train, self.config.max_length, self.config.append_eos)
+        self.train_rows = PreparedRows(calm, train, self.config.max_length, self.config.append_eos,
+                                       None if len(train) <= PREPARE_ALL else LAZY_CHUNKS)
         self.val_rows = PreparedRows(calm, (validation or [])[: self.config.eval_examples],
                                      self.config.max_length, self.config.append_eos)
         named = list(calm.bridge.named_parameters())
@@ -383,6 +384,7 @@ class Trainer:
         self.step, self.history[:] = state["step"], state["history"]
 
 
+LAZY_CHUNKS = 256  # prepared chunks of 64 rows kept from a larger data set (the rest are made again when met)
 PREPARE_ALL = 20_000  # rows up to which a data set is prepared whole before training (augment cache possible)
 
 
@@ -392,10 +394,15 @@ class PreparedRows:
 
     CHUNK = 64
 
-    def __init__(self, calm, examples, max_length: int | None, append_eos: bool):
+    def __init__(self, calm, examples, max_length: int | None, append_eos: bool, max_chunks: int | None = None):
         self.calm, self.examples, self.max_length, self.append_eos = calm, examples, max_length, append_eos
+        self.max_chunks = max_chunks  # None: keep every prepared chunk; else drop the oldest beyond this
         self._chunks: dict[int, list] = {}
-        self.truncated = 0
+        self._cut: dict[int, int] = {}  # truncated examples per chunk ever prepared
+
+    @property
+    def truncated(self) -> int:
+        return sum(self._cut.values())
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -407,7 +414,9 @@ class PreparedRows:
     def _chunk(self, start: int) -> list:
         if start not in self._chunks:
             rows, cut = prepare(self.calm, list(self.examples[start:start + self.CHUNK]), self.max_length, self.append_eos)
-            self._chunks[start], self.truncated = rows, self.truncated + cut
+            self._chunks[start], self._cut[start] = rows, cut
+            if self.max_chunks is not None and len(self._chunks) > self.max_chunks:
+                del self._chunks[next(iter(self._chunks))]  # rows are a pure function of their examples
         return self._chunks[start]
 
     def __getitem__(self, index):

@@ -272,3 +272,15 @@ def test_stop_is_answered_while_the_examples_are_prepared(calm):
     result = trainer.train(prepare_progress=progress)
     assert result.stop_reason == "stopped" and "preparing" in result.message and seen == [64]
     assert result.step == 0
+
+
+def test_a_large_data_set_keeps_only_recent_prepared_chunks(calm, monkeypatch):
+    import calm_core.training as training
+
+    monkeypatch.setattr(training, "PREPARE_ALL", 100)
+    monkeypatch.setattr(training, "LAZY_CHUNKS", 2)
+    trainer = Trainer(calm, reverse_task(2000, 0), None, config(steps=6, batch_size=8))
+    assert trainer.train().stop_reason == "finished"
+    assert len(trainer.train_rows._chunks) <= 2
+    row = trainer.train_rows[1999]  # a dropped or new chunk is made again, the same
+    assert row.anchor_ids == prepare(calm, [reverse_task(2000, 0)[1999]])[0][0].anchor_ids

@@ -3,6 +3,7 @@ and returns what the widgets show (views.py). Bounds and memory checks live in c
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 
 import gradio as gr
 
@@ -92,8 +93,11 @@ def build(session, anchor, augments, every, anchor_layers, augment_layers, heads
 @friendly
 def reset_bridge(session):
     session = require(session)
-    session.reset_bridge()
-    return (("Started over: a new bridge with closed gates, so the composition is the anchor exactly.",)
+    config, note = session.require().config, ""
+    if config.gate == "none":  # a bridge without a gate cannot start closed: give the new one gates
+        config, note = replace(config, gate="channel"), " This bridge had no gate; the new one has channel gates."
+    session.reset_bridge(config)
+    return (("Started over: a new bridge with closed gates, so the composition is the anchor exactly." + note,)
             + views.model_outputs(session) + _fresh_views(session))
 
 

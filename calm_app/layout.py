@@ -177,7 +177,8 @@ def wire(demo: gr.Blocks, w: SimpleNamespace) -> None:
                       concurrency_limit=None, show_progress="minimal", show_progress_on=[w.train_status])
     w.stop_btn.click(h.stop, w.session, w.train_status, api_name="stop", concurrency_limit=None, show_progress="hidden")
     w.download_btn.click(h.download_bridge, w.session, w.bridge_file, api_name="download_bridge")
-    w.bridge_upload.upload(h.upload_bridge, [w.session, w.bridge_upload], model + fresh, api_name="upload_bridge")
+    w.bridge_upload.upload(lambda: "", None, w.bridge_status).then(  # no stale message under a later error
+        h.upload_bridge, [w.session, w.bridge_upload], model + fresh, api_name="upload_bridge")
 
     chat_inputs = [w.session, w.message, w.bot_calm, w.bot_anchor, w.bot_augment, w.max_new, w.do_sample,
                    w.temperature, w.top_k, w.top_p, w.seed, w.gate_scale, w.layers_off, w.mode]
@@ -190,7 +191,7 @@ def wire(demo: gr.Blocks, w: SimpleNamespace) -> None:
     w.gates_btn.click(h.show_gates, w.session, [w.gate_bars, w.gate_heat, w.gate_hist], api_name="gates")
     w.attn_btn.click(h.show_attention, [w.session, w.attn_text, w.attn_layer, w.attn_head], w.attn_plot,
                      api_name="attention")
-    w.eval_btn.click(h.run_eval, [w.session, w.eval_choice, w.eval_upload, w.metrics, w.eval_max_new, w.eval_limit],
+    w.eval_btn.click(lambda: (None, None, ""), None, [w.eval_table, w.eval_plot, w.eval_sigs]).then(h.run_eval, [w.session, w.eval_choice, w.eval_upload, w.metrics, w.eval_max_new, w.eval_limit],
                      [w.eval_table, w.eval_plot, w.eval_sigs], api_name="evaluate", concurrency_limit=None)
 
 

@@ -14,7 +14,9 @@ from calm_core.evaluation import METRICS
 from calm_core.lab import LabSession, layer_labels, model_rows, short_name
 
 ROLES_NOTE = ("**Who is who.** The *anchor* is the model that answers; the *augmenting* model only lends it its hidden "
-              "states. In the paper's tables m_A is the augmenting model and m_B the anchor. **Null slot**: a place "
+              "states. In the paper's tables m_A is the augmenting model and m_B the anchor (the paper names them by "
+              "what they know: m_A holds the new knowledge, m_B the skill; our names say what each does in the "
+              "composition). **Null slot**: a place "
               "the cross-attention may look at to write nothing. **Window**: how many of the newest augmenting states "
               "each anchor token may look at (0 = all it may see).")
 

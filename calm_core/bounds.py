@@ -9,6 +9,7 @@ from .errors import CALMError
 
 MAX_STEPS = 100_000
 MAX_BATCH = 4096
+MAX_EVAL_EXAMPLES = 10_000  # three models generate for each
 APP_CACHE_MB = 256  # an app session's augmenting-state cache (reserved with its run)
 MAX_LR = 10.0
 MAX_GATE_LR_SCALE = 1000.0

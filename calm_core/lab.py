@@ -247,8 +247,12 @@ class LabSession:
 
         calm = self.require()
         max_new_tokens = bounds.max_new_tokens(calm, max_new_tokens)
-        examples, _, _ = load_examples(path, DataConfig(column_map=column_map))
+        with LEDGER.reserve(data_bytes(path), f"Reading {Path(path).name}", "Upload a smaller file."):
+            examples, _, _ = load_examples(path, DataConfig(column_map=column_map))
         limit = bounds.whole("examples", limit or 0, 0, len(examples), " (0 = all of them)")
+        if (limit or len(examples)) > bounds.MAX_EVAL_EXAMPLES:
+            raise CALMError(f"This set has {len(examples):,} examples; one evaluation takes at most "
+                            f"{bounds.MAX_EVAL_EXAMPLES:,}: set examples to at most that.")
         if limit:
             examples = examples[:limit]
         longest = bounds.longest_tokens(calm, examples, None)

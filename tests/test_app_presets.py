@@ -66,3 +66,16 @@ def test_chat_and_evaluate_use_the_presets_settings(sessions):
     story = translation.preset.story_markdown()
     assert "book = *deseg*" in story
     assert "held out" in sessions("kv_arithmetic").preset.story_markdown()
+
+
+def test_the_translation_bridge_has_no_gate_and_starting_over_gives_one():
+    from calm_app import handlers, views
+
+    session = LabSession()
+    session.use_preset("translation")
+    assert "**no gate**" in views.bridge_summary(session.calm)
+    out = handlers.reset_bridge(session)
+    assert "had no gate" in out[0]
+    assert session.calm.config.gate == "channel" and all(float(g.abs().max()) == 0 for g in session.calm.gates())
+    prompt = "se deseg moga von mevi vape rire = "
+    assert session.calm.generate(prompt, max_new_tokens=8) == session.solo(0).generate(prompt, max_new_tokens=8)

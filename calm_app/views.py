@@ -139,8 +139,9 @@ def chat_settings(session: LabSession):
 def gate_figures(session: LabSession):
     calm = session.require()
     gates, pairs = calm.gates(), calm.layer_pairs()
-    return (figures.gate_bars(gates, pairs, calm.config.gate), figures.gate_heatmap(gates, pairs, calm.config.gate),
-            figures.gate_history(session.run.history, pairs))
+    history = (figures.gate_history(session.run.history, pairs) if session.run.history else
+               figures.empty("No training in this session yet (a preset's bridge was trained by its demo script)"))
+    return figures.gate_bars(gates, pairs, calm.config.gate), figures.gate_heatmap(gates, pairs, calm.config.gate), history
 
 
 # ---- Evaluate tab ------------------------------------------------------------------------------

@@ -70,10 +70,11 @@ def gate_bars(gates, layer_pairs, gate_type: str = "channel") -> go.Figure:
 
 
 def gate_heatmap(gates, layer_pairs, gate_type: str = "channel") -> go.Figure:
-    """tanh(gate) per layer and channel (scalar gates fill their row), on the fixed scale -1..1."""
+    """tanh(gate) per layer and channel (scalar gates fill their row), on a scale symmetric about 0."""
     width = max(g.numel() for g in gates) if gates else 1
     rows = [(g.expand(width) if g.numel() == 1 else g).tolist() for g in gates]
-    fig = go.Figure(go.Heatmap(z=rows, y=_layer_labels(layer_pairs), colorscale="RdBu", zmid=0, zmin=-1, zmax=1,
+    top = max([abs(v) for row in rows for v in row] + [1e-3])  # symmetric about 0, never a collapsed colour bar
+    fig = go.Figure(go.Heatmap(z=rows, y=_layer_labels(layer_pairs), colorscale="RdBu", zmid=0, zmin=-top, zmax=top,
                                colorbar=dict(title="tanh(gate)", len=1.0, thickness=14),
                                hovertemplate="%{y}<br>channel %{x}: %{z:.4f}<extra></extra>"))
     fig.update_xaxes(title="anchor channel")

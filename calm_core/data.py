@@ -29,7 +29,6 @@ from .errors import CALMError
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".txt": "txt"}
 ROLES = ("text", "prompt", "completion")
 _MB = 1024 * 1024
-EXACT_SPLIT_ROWS = 1_000_000  # above this, a large file's split is drawn by numpy (no list of every row number)
 
 
 class DataError(CALMError):
@@ -68,7 +67,7 @@ class _Table:
     CSV, Parquet and text stay Arrow columns (`arrow`), read as rows only where a row is needed."""
 
     columns: list[str]
-    rows: "list[dict] | _ArrowRows"
+    rows: list  # dicts, or data_arrow.ArrowRows made one at a time
     lines: list[int] | None = None
     arrow: object = None
 
@@ -101,30 +100,6 @@ def _decode(data: bytes, name: str) -> str:
     if not text.strip():
         raise DataError(f"{name}: the file is empty.")
     return text
-
-
-def _check_utf8(p: Path, name: str, block: int = 4 * _MB) -> str:
-    """Check a whole file is UTF-8 block by block (never all in memory); returns its first block's text."""
-    decoder, head, offset, lines = codecs.getincrementaldecoder("utf-8")(), None, 0, 0
-    with open(p, "rb") as f:
-        while True:
-            data = f.read(block)
-            if head is None and data.startswith(codecs.BOM_UTF8):
-                data, offset = data[len(codecs.BOM_UTF8):], len(codecs.BOM_UTF8)
-            try:
-                text = decoder.decode(data, final=not data)
-            except UnicodeDecodeError as exc:
-                bad, line = offset + exc.start, lines + data.count(b"\n", 0, exc.start) + 1
-                raise DataError(f"{name}: line {line} (byte offset {bad}) is not "
-                                f"valid UTF-8 (byte 0x{data[exc.start]:02x}). Save the file as UTF-8.") from exc
-            if head is None:
-                head = text
-            if not data:
-                break
-            offset, lines = offset + len(data), lines + data.count(b"\n")
-    if not head.strip() and os.path.getsize(p) <= block:
-        raise DataError(f"{name}: the file is empty.")
-    return head
 
 
 def _read_jsonl(text: str, name: str) -> _Table:
@@ -228,85 +203,7 @@ def _read_with_datasets(p: Path, name: str, kind: str, text: str | None) -> _Tab
             del ds
         except Exception as exc:  # whatever the readers raise, the user gets a message about the file
             raise _explain(exc, name, kind) from exc
-    lines = None
-    if kind == "txt":  # one example per non-empty line
-        import numpy as np
-        import pyarrow.compute as pc
-
-        keep = pc.not_equal(pc.utf8_trim_whitespace(arrow.column("text")), "")
-        lines = np.flatnonzero(keep.to_numpy(zero_copy_only=False)) + 1
-        arrow = arrow.filter(keep)
-    arrow = arrow.combine_chunks()
-    return _Table(list(arrow.column_names), _ArrowRows(arrow), lines, arrow)
-
-
-class _ArrowRows:
-    """Rows of an Arrow table as dicts, made only when asked for."""
-
-    def __init__(self, arrow):
-        self.arrow = arrow
-
-    def __len__(self) -> int:
-        return self.arrow.num_rows
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            start, stop, step = index.indices(len(self))
-            rows = self.arrow.slice(start, max(0, stop - start)).to_pylist()
-            return rows[::step]
-        return self.arrow.slice(index, 1).to_pylist()[0]
-
-
-class ArrowExamples:
-    """Examples read from Arrow columns on demand (optionally through a list of row numbers): a large
-    file is never held as Python strings."""
-
-    def __init__(self, prompts, completions, indices=None):
-        self.prompts, self.completions, self.indices = prompts, completions, indices
-
-    def __len__(self) -> int:
-        return len(self.completions) if self.indices is None else len(self.indices)
-
-    def _example(self, i: int) -> Example:
-        j = int(i if self.indices is None else self.indices[i])
-        prompt = "" if self.prompts is None else self.prompts[j].as_py()
-        return Example(prompt, self.completions[j].as_py())
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self._example(i) for i in range(*index.indices(len(self)))]
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(index)
-        return self._example(index)
-
-    def __iter__(self):
-        return (self._example(i) for i in range(len(self)))
-
-    def __eq__(self, other) -> bool:
-        return list(self) == list(other) if isinstance(other, (list, ArrowExamples)) else NotImplemented
-
-    def longest(self, k: int) -> list[Example]:
-        """The k examples with the most characters, found on the Arrow columns."""
-        import numpy as np
-        import pyarrow.compute as pc
-
-        lengths = pc.utf8_length(self.completions).to_numpy(zero_copy_only=False).astype(np.int64)
-        if self.prompts is not None:
-            lengths += pc.utf8_length(self.prompts).to_numpy(zero_copy_only=False)
-        if self.indices is not None:
-            lengths = lengths[self.indices]
-        k = min(k, len(lengths))
-        top = np.argpartition(lengths, len(lengths) - k)[len(lengths) - k:] if k else []
-        return [self._example(int(i)) for i in top]
-
-    def take(self, indices) -> "ArrowExamples":
-        """A view of these rows, in the order given (row numbers of this view)."""
-        import numpy as np
-
-        indices = np.asarray(indices, dtype=np.int64)
-        return ArrowExamples(self.prompts, self.completions, indices if self.indices is None else self.indices[indices])
+    return arrow_table(arrow, kind, _Table)
 
 
 def _read(path, config: DataConfig) -> tuple[_Table, str, str]:
@@ -329,7 +226,7 @@ def _read(path, config: DataConfig) -> tuple[_Table, str, str]:
     if kind == "parquet":
         text = None
     elif kind in ("csv", "txt"):  # read by Arrow; only checked here, block by block
-        text = _check_utf8(p, name)
+        text = check_utf8(p, name)
     else:
         text = _decode(p.read_bytes(), name)
     reader = {"jsonl": _read_jsonl, "json": _read_json}.get(kind)
@@ -401,28 +298,6 @@ def _check_rows(table: _Table, name: str, roles: dict[str, str], wanted: dict[st
                                 "row. Fill it in or remove the row.")
 
 
-def _check_columns(table: _Table, name: str, roles: dict[str, str]) -> None:
-    """The checks of _check_rows on Arrow columns, without making a row: the first bad row is named."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    for role, column in roles.items():
-        values = table.arrow.column(column)
-        if values.null_count:
-            i = pc.index(pc.is_null(values), True).as_py()
-            raise DataError(f"{name}: {table.where(i)} has no value in column {column!r} (missing or null); "
-                            f"every row needs a {role}.")
-        if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
-            value = values[0].as_py()
-            raise DataError(f"{name}: {table.where(0)}, column {column!r}: expected a string, got a {_kind(value)} "
-                            f"({str(value)[:40]}). Values are not converted (8.0 and \"8\" would teach different "
-                            "answers): write it as a string in the file.")
-        if role != "prompt" and pc.any(pc.equal(values, "")).as_py():
-            i = pc.index(pc.equal(values, ""), True).as_py()
-            raise DataError(f"{name}: {table.where(i)}, column {column!r} is empty: nothing to learn from that "
-                            "row. Fill it in or remove the row.")
-
-
 def _load(path, config: DataConfig) -> tuple[_Table, dict[str, str], str]:
     table, name, kind = _read(path, config)
     if kind == "txt":  # always one `text` column, whatever the config names
@@ -430,7 +305,7 @@ def _load(path, config: DataConfig) -> tuple[_Table, dict[str, str], str]:
     else:
         roles, shape, wanted = _roles(table.columns, name, config)
     if table.arrow is not None:
-        _check_columns(table, name, roles)
+        check_columns(table, name, roles)
     else:
         _check_rows(table, name, roles, wanted)
     return table, roles, shape
@@ -449,31 +324,12 @@ def load_examples(path, config: DataConfig | None = None) -> tuple[list[Example]
     return [Example(row[roles["prompt"]], row[roles["completion"]]) for row in table.rows], shape, table.columns
 
 
-def longest_examples(examples, k: int = 4) -> list[Example]:
-    """The k examples with the most characters (prompt and completion together)."""
-    if isinstance(examples, ArrowExamples):
-        return examples.longest(k)
-    import heapq
-
-    return heapq.nlargest(k, examples, key=lambda e: len(e.prompt) + len(e.completion))
-
-
 def _split(examples: list[Example], config: DataConfig) -> tuple[list[Example], list[Example]]:
     """Seeded random split; both parts keep file order. At least 1 validation example when n >= 2."""
     fraction, n = config.validation_fraction, len(examples)
     n_val = 0 if fraction == 0 or n < 2 else min(n - 1, max(1, round(n * fraction)))
     if isinstance(examples, ArrowExamples):  # row numbers only, never the rows
-        import numpy as np
-
-        if n <= EXACT_SPLIT_ROWS:  # the same split as a list of these examples would get
-            order = list(range(n))
-            random.Random(config.seed).shuffle(order)
-            held = np.sort(np.asarray(order[:n_val], dtype=np.int64))
-        else:
-            held = np.sort(np.random.default_rng(config.seed).permutation(n)[:n_val])
-        keep = np.ones(n, dtype=bool)
-        keep[held] = False
-        return examples.take(np.flatnonzero(keep)), examples.take(held)
+        return examples.split(n_val, config.seed)
     order = list(range(n))
     random.Random(config.seed).shuffle(order)
     held = set(order[:n_val])
@@ -502,33 +358,11 @@ def preview(path, n: int = 5, config: DataConfig | None = None, check_roles: boo
     """The first n rows with the file's own columns (absent JSON keys as None), after every check.
     check_roles=False only reads the file: for choosing a column mapping before there is one."""
     config = config or DataConfig()
-    if not check_roles and (head := _head(Path(path), n)) is not None:
+    if not check_roles and (head := preview_head(Path(path), n)) is not None:
         return head
     table = _load(path, config)[0] if check_roles else _read(path, config)[0]
     return [{c: row.get(c) for c in table.columns} for row in table.rows[:n]]
 
 
-HEAD_ONLY_BYTES = 8 * _MB  # a larger CSV / text / Parquet file is previewed from its first rows only
-
-
-def _head(p: Path, n: int) -> list[dict] | None:
-    """The first n rows of a large CSV, text or Parquet file without reading the rest (None: read it all)."""
-    kind = FORMATS.get(p.suffix.lower())
-    if kind not in ("csv", "txt", "parquet") or not p.is_file() or p.stat().st_size <= HEAD_ONLY_BYTES:
-        return None
-    if kind == "parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            batch = next(pq.ParquetFile(p).iter_batches(batch_size=n), None)
-        except Exception as exc:
-            raise DataError(f"{p.name}: not a readable Parquet file ({exc}).") from exc
-        return batch.to_pylist() if batch is not None else []
-    with open(p, "rb") as f:
-        data = f.read(1 * _MB)
-    text = data.decode("utf-8-sig", errors="replace").rsplit("\n", 1)[0]  # whole lines only
-    if kind == "txt":
-        return [{"text": line} for line in text.split("\n") if line.strip()][:n]
-    rows = list(csv.reader(io.StringIO(text)))
-    header, body = rows[0], [r for r in rows[1:] if r][:n]
-    return [dict(zip(header, r + [None] * (len(header) - len(r)))) for r in body]
+from .data_arrow import (ArrowExamples, arrow_table, check_columns, check_utf8,  # noqa: E402,F401  (they use the above)
+                         longest_examples, preview_head)

@@ -22,11 +22,14 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file, save_file
 
-from .batches import collate, prepare, token_losses
+from .batches import collate, token_losses
 from .bridge import noisy_augment_states
 from .data import Example
+from .distributed import Distributed
 from .errors import CALMError
+from .optimizer_state import flatten_optimizer, load_optimizer
 from .persistence import save_bridge
+from .prepared_rows import PreparedRows
 
 
 @dataclass
@@ -87,40 +90,13 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-class _Distributed:
-    """The process group when run under `accelerate launch`; a no-op for one process."""
-
-    def __init__(self):
-        self.world, self.rank, self.accelerator = 1, 0, None
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            from accelerate import Accelerator
-
-            self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
-            self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
-
-    def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
-            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
-        return tensor
-
-    def broadcast_parameters(self, module) -> None:
-        """Every process starts from rank 0's bridge."""
-        if self.world > 1:
-            for p in module.parameters():
-                torch.distributed.broadcast(p.data, src=0)
-
-    def barrier(self):
-        if self.world > 1:
-            self.accelerator.wait_for_everyone()
-
-
 class Trainer:
     def __init__(self, calm, train: list[Example], validation: list[Example] | None = None,
                  config: TrainConfig | None = None, callback: Callable[[dict], None] | None = None):
         self.calm, self.config, self.callback = calm, config or TrainConfig(), callback
         if not train:
             raise CALMError("No training examples.")
-        self.dist = _Distributed()
+        self.dist = Distributed()
         self.dist.broadcast_parameters(calm.bridge)
         self.train_rows = PreparedRows(calm, train, self.config.max_length, self.config.append_eos,
                                        None if len(train) <= PREPARE_ALL else LAZY_CHUNKS)
@@ -361,7 +337,7 @@ class Trainer:
             tmp = directory.with_name(directory.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             save_bridge(self.calm, tmp, extra={"train_config": asdict(self.config), "step": self.step})
-            tensors, meta = _flatten_optimizer(self.optimizer)
+            tensors, meta = flatten_optimizer(self.optimizer)
             save_file(tensors, str(tmp / "optimizer.safetensors"))
             (tmp / "trainer_state.json").write_text(json.dumps({"step": self.step, "optimizer": meta, "history": self.history}))
             shutil.rmtree(directory, ignore_errors=True)
@@ -380,7 +356,7 @@ class Trainer:
             raise CALMError(f"{directory} is a bridge but not a training checkpoint (no trainer_state.json).")
         load_bridge_weights(self.calm, directory)
         state = json.loads(state_path.read_text())
-        _load_optimizer(self.optimizer, load_file(str(directory / "optimizer.safetensors")), state["optimizer"])
+        load_optimizer(self.optimizer, load_file(str(directory / "optimizer.safetensors")), state["optimizer"])
         self.step, self.history[:] = state["step"], state["history"]
 
 
@@ -388,79 +364,8 @@ LAZY_CHUNKS = 256  # prepared chunks of 64 rows kept from a larger data set (the
 PREPARE_ALL = 20_000  # rows up to which a data set is prepared whole before training (augment cache possible)
 
 
-class PreparedRows:
-    """Rows of a sequence of examples, each made (tokenized and aligned) on first use, in chunks:
-    a large data set is never held as rows all at once."""
-
-    CHUNK = 64
-
-    def __init__(self, calm, examples, max_length: int | None, append_eos: bool, max_chunks: int | None = None):
-        self.calm, self.examples, self.max_length, self.append_eos = calm, examples, max_length, append_eos
-        self.max_chunks = max_chunks  # None: keep every prepared chunk; else drop the oldest beyond this
-        self._chunks: dict[int, list] = {}
-        self._cut: dict[int, int] = {}  # truncated examples per chunk ever prepared
-
-    @property
-    def truncated(self) -> int:
-        return sum(self._cut.values())
-
-    def __len__(self) -> int:
-        return len(self.examples)
-
-    @property
-    def complete(self) -> bool:
-        return len(self._chunks) * self.CHUNK >= len(self.examples)
-
-    def _chunk(self, start: int) -> list:
-        if start not in self._chunks:
-            rows, cut = prepare(self.calm, list(self.examples[start:start + self.CHUNK]), self.max_length, self.append_eos)
-            self._chunks[start], self._cut[start] = rows, cut
-            if self.max_chunks is not None and len(self._chunks) > self.max_chunks:
-                del self._chunks[next(iter(self._chunks))]  # rows are a pure function of their examples
-        return self._chunks[start]
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(index)
-        start = index // self.CHUNK * self.CHUNK
-        return self._chunk(start)[index - start]
-
-    def __iter__(self):
-        return (self[i] for i in range(len(self)))
-
-    def prepare_chunks(self):
-        """Prepare every chunk; yields the rows done after each."""
-        for start in range(0, len(self), self.CHUNK):
-            self._chunk(start)
-            yield min(len(self), start + self.CHUNK)
-
-    def prepare_all(self) -> None:
-        for _ in self.prepare_chunks():
-            pass
-
-
 def _copy_state(module) -> dict:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
-
-
-def _flatten_optimizer(optimizer) -> tuple[dict, dict]:
-    state = optimizer.state_dict()
-    tensors, meta = {}, {"param_groups": state["param_groups"], "state": {}}
-    for index, entry in state["state"].items():
-        meta["state"][str(index)] = []
-        for name, value in entry.items():
-            tensors[f"{index}.{name}"] = torch.as_tensor(value).detach().clone().contiguous()
-            meta["state"][str(index)].append(name)
-    return tensors, meta
-
-
-def _load_optimizer(optimizer, tensors: dict, meta: dict) -> None:
-    state = {int(i): {name: tensors[f"{i}.{name}"] for name in names} for i, names in meta["state"].items()}
-    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
 class _NoProgress:

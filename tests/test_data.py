@@ -220,10 +220,11 @@ def test_directory_is_not_a_file(tmp_path):
 
 def test_a_large_file_is_previewed_from_its_first_rows(tmp_path, monkeypatch):
     import calm_core.data as data
+    import calm_core.data_arrow as data_arrow
 
     path = write(tmp_path / "big.csv", "prompt,completion\n" + "".join(f'"a,{i}=",{i}\n' for i in range(2000)))
     whole = data.preview(path, n=8, check_roles=False)
-    monkeypatch.setattr(data, "HEAD_ONLY_BYTES", 100)
+    monkeypatch.setattr(data_arrow, "HEAD_ONLY_BYTES", 100)
     assert data.preview(path, n=8, check_roles=False) == whole
     txt = write(tmp_path / "big.txt", "".join(f"line {i}\n\n" for i in range(2000)))
     assert data.preview(txt, n=3, check_roles=False) == [{"text": f"line {i}"} for i in range(3)]

@@ -25,6 +25,10 @@ the result through a **gate** that starts closed, so the composition starts out 
 (*LLM Augmented LLMs*, ICLR 2024). Work through the tabs from left to right."""
 
 
+# Numbers carry no minimum / maximum of their own: the handlers check each against a range that follows
+# from the models (calm_core.bounds) and say what it is, without a traceback in the server log.
+
+
 def models_tab(w: SimpleNamespace, presets: list[str], default: str | None) -> None:
     gr.Markdown("Pick a **preset** (a trained pair with its bridge), or any two causal language models by local "
                 "folder or Hugging Face id. The bridge connects every *k*-th augmenting layer to an anchor layer.")
@@ -39,18 +43,18 @@ def models_tab(w: SimpleNamespace, presets: list[str], default: str | None) -> N
             w.anchor = gr.Textbox(label="Anchor model (folder or hub id)")
             w.augments = gr.Textbox(label="Augmenting model(s), one per line")
         with gr.Row():
-            w.every = gr.Number(4, label="every k-th augmenting layer", precision=0, minimum=1)
+            w.every = gr.Number(4, label="every k-th augmenting layer", precision=0)
             w.anchor_layers = gr.Textbox(label="explicit anchor layers (e.g. 1,3)")
             w.augment_layers = gr.Textbox(label="explicit augmenting layers")
-            w.heads = gr.Number(0, label="heads (0 = anchor's)", precision=0, minimum=0)
+            w.heads = gr.Number(0, label="heads (0 = anchor's)", precision=0)
         with gr.Row():
             w.gate = gr.Radio(list(GATE_TYPES), value="channel", label="gate")
             w.insert = gr.Radio(list(INSERT_POINTS), value="after",
                                 label="bridge at each anchor layer's output (after) or input (before)")
-            w.recency = gr.Number(0, label="recency biases (0 = none)", precision=0, minimum=0)
+            w.recency = gr.Number(0, label="recency biases (0 = none)", precision=0)
             w.null_slot = gr.Checkbox(False, label="null slot (attention may write nothing)")
             w.window = gr.Number(0, label="window: newest augmenting states each token sees (0 = all)",
-                                 precision=0, minimum=0)
+                                 precision=0)
         w.build_btn = gr.Button("Compose")
     w.models = gr.Dataframe(headers=MODEL_HEADERS, label="Models", interactive=False)
     w.bridge_md = gr.Markdown()
@@ -74,9 +78,9 @@ def data_tab(w: SimpleNamespace) -> None:
         w.val_fraction = gr.Slider(0.0, 0.5, 0.1, step=0.05, label="validation share")
     w.use_data_btn = gr.Button("Use this data")
     with gr.Row():
-        w.steps = gr.Number(200, label="steps", precision=0, minimum=1, maximum=100_000)
+        w.steps = gr.Number(200, label="steps", precision=0)
         w.lr = gr.Number(1e-3, label="learning rate")
-        w.batch = gr.Number(16, label="batch size", precision=0, minimum=1)
+        w.batch = gr.Number(16, label="batch size", precision=0)
         w.gate_lr = gr.Number(1.0, label="gate learning rate × (closed tanh gates open slowly; try 10-50)")
         w.augment_noise = gr.Number(0.0, label="noise on augmenting states (few distinct augmenting inputs: try 0.5-1)")
     with gr.Row():
@@ -117,9 +121,9 @@ def chat_tab(w: SimpleNamespace) -> None:
             w.max_new = gr.Slider(1, 256, 16, step=1, label="max new tokens")
             w.do_sample = gr.Checkbox(False, label="sample")
             w.temperature = gr.Slider(0.05, 2, 1, label="temperature")
-            w.top_k = gr.Number(0, label="top-k (0 = off)", precision=0, minimum=0)
+            w.top_k = gr.Number(0, label="top-k (0 = off)", precision=0)
             w.top_p = gr.Slider(0.05, 1, 1, label="top-p")
-            w.seed = gr.Number(0, label="seed", precision=0, minimum=0)
+            w.seed = gr.Number(0, label="seed", precision=0)
 
 
 def bridge_tab(w: SimpleNamespace) -> None:
@@ -146,8 +150,8 @@ def evaluate_tab(w: SimpleNamespace) -> None:
         w.eval_upload = gr.File(label="…or upload one", file_types=DATA_TYPES, height=140)
     with gr.Row():
         w.metrics = gr.CheckboxGroup(list(METRICS), value=["exact_match", "loss"], label="metrics")
-        w.eval_max_new = gr.Number(16, label="max new tokens", precision=0, minimum=1)
-        w.eval_limit = gr.Number(100, label="examples (0 = all)", precision=0, minimum=0)
+        w.eval_max_new = gr.Number(16, label="max new tokens", precision=0)
+        w.eval_limit = gr.Number(100, label="examples (0 = all)", precision=0)
     w.eval_btn = gr.Button("Evaluate", variant="primary")
     w.eval_table = gr.Dataframe(label="Results", interactive=False)
     w.eval_plot = gr.Plot()

@@ -4,6 +4,7 @@ cache; the bridge and everything else belong to the session. Every request is ch
 the bounds of the models and the memory free before work starts (bounds.py, resources.py)."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,9 @@ from .resources import LEDGER, attention_map_bytes, data_bytes, device_of_calm, 
 from .training import TrainConfig, Trainer
 
 __all__ = ["LabSession", "ModelCache", "RunState", "layer_labels", "model_rows"]
+
+MAX_RUNS = int(os.environ.get("CALM_MAX_RUNS", "8"))  # training runs at once in this process
+RUNS = threading.BoundedSemaphore(MAX_RUNS)
 
 
 @dataclass
@@ -60,6 +64,7 @@ class LabSession:
         self.trainer: Trainer | None = None
         self._thread: threading.Thread | None = None
         self._solo: dict[int, ComposedLM] = {}
+        self._lock = threading.Lock()
 
     # ---- models -------------------------------------------------------------------------------
 
@@ -141,10 +146,24 @@ class LabSession:
     def start_training(self, config: TrainConfig) -> RunState:
         """Check the run fits (batch against memory, at the data's longest example), then train in a
         thread of its own; the examples are prepared there, so Stop is answered at once."""
-        calm = self.require()
-        self._refuse_while_training("start another")
-        if self.splits is None:
-            raise CALMError("No training data: upload a file or pick a preset data set first.")
+        with self._lock:  # two clicks on Train in one session start one run
+            calm = self.require()
+            self._refuse_while_training("start another")
+            if self.splits is None:
+                raise CALMError("No training data: upload a file or pick a preset data set first.")
+            return self._start_counted(calm, config)
+
+    def _start_counted(self, calm, config: TrainConfig) -> RunState:
+        if not RUNS.acquire(blocking=False):
+            raise CALMError(f"{MAX_RUNS} training runs are in progress on this server, as many as it takes at once "
+                            "(they share its processors); try again when one has ended.")
+        try:
+            return self._start(calm, config)
+        except BaseException:
+            RUNS.release()
+            raise
+
+    def _start(self, calm, config: TrainConfig) -> RunState:
         tokens = bounds.longest_tokens(calm, self.splits.train, config.max_length)
         need = training_bytes(calm, config.batch_size, tokens) + _cache_bytes(calm, config, len(self.splits.train), tokens)
         fits = bounds.largest_batch(calm, tokens)
@@ -184,6 +203,7 @@ class LabSession:
         finally:
             self.run.running = False
             reservation.__exit__(None, None, None)
+            RUNS.release()
 
     def stop_training(self) -> bool:
         """Ask a running run to stop after its current step; False when nothing is running."""

@@ -75,11 +75,9 @@ def test_the_head_menu_follows_the_bridge(client):
     ("/chat", ("abcd=", [], [], [], -3, False, 1.0, 0, 1.0, 0, 1.0, [], "completion"), r"(max new tokens must be a whole|Value -3 is less than minimum value 1)"),
     ("/chat", ("ab" * 6000, [], [], [], 6, False, 1.0, 0, 1.0, 0, 1.0, [], "completion"), r"The prompt is [\d,]+"),
     ("/attention", ("abcd" * 1250, 0, "mean"), r"a cross-attention map shows at most \d+ tokens"),
-    ("/evaluate", ("reverse (held out)", None, ["exact_match"], 6, -5), r"(examples must be a whole number from 0 to 10|Value -5 is less than minimum value 0)"),
+    ("/evaluate", ("reverse (held out)", None, ["exact_match"], 6, -5), r"examples must be a whole number from 0 to 10"),
 ])
 def test_nonsense_is_refused_with_the_range_and_no_traceback_in_the_log(client, endpoint, args, message):
-
-
     before = SERVER["log"].read_text().count("Traceback")
     with pytest.raises(AppError, match=message) as error:
         client.predict(*args, api_name=endpoint)

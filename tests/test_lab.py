@@ -217,3 +217,20 @@ def test_models_go_to_the_gpu_in_bf16_when_there_is_one(monkeypatch):
     assert seen == [("some/model", torch.bfloat16, "cuda")]
     monkeypatch.setattr(mc.torch.cuda, "is_available", lambda: False)
     assert mc.default_device() == "cpu" and mc.default_dtype() is None
+
+
+def test_the_server_takes_a_bounded_number_of_training_runs_at_once(lab, monkeypatch):
+    import threading
+
+    monkeypatch.setattr("calm_core.lab.RUNS", threading.BoundedSemaphore(1))
+    a, b = lab(ModelCache()), lab(ModelCache())
+    a.use_preset("tiny")
+    b.use_preset("tiny")
+    a.start_training(TrainConfig(steps=100_000, batch_size=4, progress=False))
+    with pytest.raises(CALMError, match="training runs are in progress on this server"):
+        b.start_training(TrainConfig(steps=2, batch_size=4, progress=False))
+    a.stop_training()
+    a.wait(60)
+    b.start_training(TrainConfig(steps=2, batch_size=4, progress=False))
+    b.wait(60)
+    assert "Finished 2 steps." in b.run.message

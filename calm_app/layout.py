@@ -93,9 +93,10 @@ def data_tab(w: SimpleNamespace) -> None:
     with gr.Row():
         w.download_btn = gr.Button("Prepare bridge download")
         w.bridge_file = gr.File(label="Bridge (config + safetensors)", interactive=False)
-        w.bridge_upload = gr.File(label="Load a bridge (.zip, or .json + .safetensors)", file_count="multiple",
-                                  file_types=[".zip", ".json", ".safetensors"], height=140)
+        w.bridge_upload = gr.File(label="Load a bridge", file_count="multiple",  # a short label: clear of the icon
+                                  file_types=[".zip", ".json", ".safetensors"], height=200)
     w.bridge_status = gr.Markdown()
+    gr.Markdown("*A bridge is a .zip from “Prepare bridge download”, or its bridge_config.json with bridge.safetensors.*")
 
 
 def chat_tab(w: SimpleNamespace) -> None:

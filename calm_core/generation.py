@@ -190,7 +190,7 @@ class ComposedDecoder:
 
 
 def new_cache(config) -> DynamicCache:
-    """A KV cache that can be rolled back: sliding-window layers keep their past until crop_cache()."""
+    """A KV cache that can be rolled back: sliding-window layers keep their whole past (crop_cache)."""
     cache = DynamicCache(config=config)
     if hasattr(cache, "activate_past_recording"):
         cache.activate_past_recording()
@@ -198,17 +198,23 @@ def new_cache(config) -> DynamicCache:
 
 
 def crop_cache(cache: DynamicCache, keep: int) -> bool:
-    """Keep the first `keep` positions. False (and the cache untouched) when a sliding-window layer
-    no longer holds what a rollback that far needs: the caller then starts over from position 0."""
+    """Keep the first `keep` positions. A sliding-window layer that records its past is cut by hand:
+    its own crop() also trims to the window, after which the next rollback could not be served.
+    False (cache untouched) when a layer cannot go back that far: the caller starts over from 0."""
     length = cache.get_seq_length()
     if keep >= length:
         return True
     remove = length - keep
     for layer in cache.layers:
-        window = getattr(layer, "sliding_window", None)
-        if window and layer.get_seq_length() >= window and layer.keys.shape[-2] < window - 1 + remove:
+        if getattr(layer, "is_sliding", False) and layer.is_initialized and layer.keys.shape[-2] < remove:
             return False
-    cache.crop(-remove)
+    for layer in cache.layers:
+        if getattr(layer, "is_sliding", False) and getattr(layer, "record_past", False):
+            if layer.is_initialized:
+                layer.keys, layer.values = layer.keys[..., :-remove, :], layer.values[..., :-remove, :]
+                layer.cumulative_length -= remove
+        else:
+            layer.crop(-remove)
     return True
 
 

@@ -52,11 +52,12 @@ def bpe_tokenizer(corpus: list[str], vocab_size: int = 300, add_bos: bool = Fals
 
 
 ARCHITECTURES = ("gpt2", "llama", "qwen2", "gpt_neox", "opt", "gemma", "phi", "mistral", "gpt_neo")
+SLIDING_WINDOW = 8  # of the tiny "gemma3": short, so that tests cross it with short texts
 
 
 def tiny_config(arch: str, vocab_size: int, layers: int = 2, width: int = 32, heads: int = 4, max_positions: int = 512):
     """A transformers config for a small model of the given architecture family."""
-    from transformers import (GemmaConfig, GPT2Config, GPTNeoConfig, GPTNeoXConfig, LlamaConfig, MistralConfig,
+    from transformers import (Gemma3TextConfig, GemmaConfig, GPT2Config, GPTNeoConfig, GPTNeoXConfig, LlamaConfig, MistralConfig,
                               OPTConfig, PhiConfig, Qwen2Config)
 
     common = dict(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -68,6 +69,10 @@ def tiny_config(arch: str, vocab_size: int, layers: int = 2, width: int = 32, he
         "qwen2": lambda: Qwen2Config(num_key_value_heads=max(1, heads // 2), **llama_like),
         "mistral": lambda: MistralConfig(num_key_value_heads=max(1, heads // 2), **llama_like),
         "gemma": lambda: GemmaConfig(num_key_value_heads=1, head_dim=width // heads, **llama_like),
+        # Gemma 3: sliding-window attention on all but every third layer, as the real one on 5 of 6
+        "gemma3": lambda: Gemma3TextConfig(num_key_value_heads=1, head_dim=width // heads, sliding_window=SLIDING_WINDOW,
+                                           layer_types=["full_attention" if (i + 1) % 3 == 0 else "sliding_attention"
+                                                        for i in range(layers)], **llama_like),
         "phi": lambda: PhiConfig(**llama_like),
         "gpt_neox": lambda: GPTNeoXConfig(**llama_like),
         "gpt_neo": lambda: GPTNeoConfig(num_layers=layers, hidden_size=width, num_heads=heads,
@@ -78,7 +83,7 @@ def tiny_config(arch: str, vocab_size: int, layers: int = 2, width: int = 32, he
                                  max_position_embeddings=max_positions, **common),
     }
     if arch not in builders:
-        raise ValueError(f"Unknown tiny architecture {arch!r}; choose from {ARCHITECTURES}.")
+        raise ValueError(f"Unknown tiny architecture {arch!r}; choose from {sorted(builders)}.")
     return builders[arch]()
 
 

@@ -80,3 +80,26 @@ def test_gate_scale_and_layers_off_hold_for_the_batch(tokenizers):
         assert calm.generate(PROMPTS, max_new_tokens=10) == anchor.generate(PROMPTS, max_new_tokens=10)
     with calm.layers_off([0]):
         assert calm.generate(PROMPTS[:2], max_new_tokens=10) == [calm.generate(p, max_new_tokens=10) for p in PROMPTS[:2]]
+
+
+# Sliding-window attention (a tiny Gemma 3, window 8) as anchor and as augment, with two tokenizers: many
+# rollbacks of both caches after the window is full.
+@pytest.mark.parametrize("anchor, augment", [(("gemma3", "char_bos"), ("llama", "bpe")),
+                                             (("llama", "bpe"), ("gemma3", "char_bos"))], ids=["anchor", "augment"])
+@torch.no_grad()
+def test_sliding_window_models_cached_uncached_and_batched(tokenizers, anchor, augment, monkeypatch):
+    from calm_core import generation
+
+    calm = build(tokenizers, anchor, augment, CALMConfig(every=1))
+    prompts = ["the quick brown fox jumps over the lazy dog, naïve café", "hello world, this is"]
+    caches, new_cache = [], generation.new_cache
+    monkeypatch.setattr(generation, "new_cache", lambda config: caches.append(config) or new_cache(config))
+    for prompt in prompts:
+        caches.clear()
+        cached = calm.generate(prompt, max_new_tokens=24, return_dict=True)
+        assert len(caches) == 2  # one per model: rolling back past the window never starts over
+        fresh = calm.generate(prompt, max_new_tokens=24, use_cache=False, return_dict=True)
+        assert cached.token_ids == fresh.token_ids
+        for a, b in zip(cached.scores, fresh.scores):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert calm.generate(prompts, max_new_tokens=24) == [calm.generate(p, max_new_tokens=24) for p in prompts]

@@ -180,7 +180,8 @@ def wire(demo: gr.Blocks, w: SimpleNamespace) -> None:
     w.train_btn.click(h.train, [w.session, w.steps, w.lr, w.batch, w.gate_lr, w.augment_noise],
                       [w.train_status, w.loss_plot, w.gate_plot, w.bridge_file], api_name="train",
                       concurrency_limit=None, show_progress="minimal", show_progress_on=[w.train_status])
-    w.stop_btn.click(h.stop, w.session, w.train_status, api_name="stop", concurrency_limit=None, show_progress="hidden")
+    w.stop_btn.click(h.stop, w.session, w.train_status, api_name="stop", queue=False,  # not behind queued events
+                     show_progress="hidden")
     w.download_btn.click(h.download_bridge, w.session, w.bridge_file, api_name="download_bridge")
     w.bridge_upload.upload(lambda: "", None, w.bridge_status).then(  # no stale message under a later error
         h.upload_bridge, [w.session, w.bridge_upload], model + fresh, api_name="upload_bridge")

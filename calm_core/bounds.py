@@ -94,6 +94,14 @@ def longest_tokens(calm, examples, max_length: int | None = None) -> int:
     return max(1, min([longest, context(calm)] + ([max_length] if max_length else [])))
 
 
+def longest_prompt_tokens(calm, examples) -> int:
+    """Tokens of the longest prompt (by characters) among at most MAX_EVAL_EXAMPLES examples."""
+    import heapq
+
+    prompts = heapq.nlargest(4, (e.prompt for e in examples), key=len)
+    return max((prompt_tokens(calm, p) for p in prompts), default=0)
+
+
 def largest_batch(calm, tokens: int) -> int:
     """The largest training batch of `tokens`-long sequences that fits in the memory free now."""
     from .resources import LEDGER, device_of_calm, max_batch_size

@@ -275,11 +275,11 @@ class LabSession:
                             f"{bounds.MAX_EVAL_EXAMPLES:,}: set examples to at most that.")
         if limit:
             examples = examples[:limit]
-        longest = bounds.longest_tokens(calm, examples, None)
-        if longest + max_new_tokens > bounds.context(calm):
-            raise CALMError(f"The longest prompt here is {longest:,} tokens; with {max_new_tokens} new tokens that is "
-                            f"more than the {bounds.context(calm):,} these models read: ask for fewer new tokens.")
-        with LEDGER.reserve(generation_bytes(calm, longest + max_new_tokens), "This evaluation",
+        longest = bounds.longest_prompt_tokens(calm, examples)  # an answer stops at the context, as the tables' did
+        if longest >= bounds.context(calm):
+            raise CALMError(f"The longest prompt here is {longest:,} tokens; these models read at most "
+                            f"{bounds.context(calm):,}: shorten the prompts.")
+        with LEDGER.reserve(generation_bytes(calm, min(longest + max_new_tokens, bounds.context(calm))), "This evaluation",
                             "Ask for fewer new tokens.", device_of_calm(calm)):
             table = evaluate(calm, list(examples), metrics, max_new_tokens, progress)
         return rescore(table, [e.completion for e in examples], scoring)

@@ -8,7 +8,11 @@ from dataclasses import replace
 import gradio as gr
 
 from calm_core import CALMConfig, CALMError, bounds, figures
+from calm_core.data import preview
 from calm_core.lab import LabSession
+from calm_core.model_cache import default_dtype
+from calm_core.models import describe
+from calm_core.resources import LEDGER, data_bytes
 
 from . import views
 from .views import friendly, require
@@ -45,6 +49,8 @@ def use_preset(session, preset_name):
 
 
 def _everything(session):
+    """The outputs of loading a preset, in layout.wire's order: the models' first seven (as before the
+    head menu and story existed), data, evaluation menus, the models' rest, evaluation tokens, fresh views."""
     models = views.model_outputs(session)
     return (models[:7] + views.data_outputs(session) + views.eval_choices(session)[:4] + models[7:]
             + views.eval_choices(session)[4:] + _fresh_views(session))
@@ -71,12 +77,8 @@ def build(session, anchor, augments, every, anchor_layers, augment_layers, heads
     anchor_layers, augment_layers = _parse_layers(anchor_layers), _parse_layers(augment_layers)
     if not (anchor or "").strip() or not any(n.strip() for n in names):
         raise CALMError("Choose an anchor model and at least one augmenting model.")
-    from calm_core.model_cache import default_dtype
-
     anchor_pair = session.cache.get(anchor.strip(), default_dtype())
     augment_pairs = [session.cache.get(n.strip(), default_dtype()) for n in names if n.strip()]
-    from calm_core.models import describe
-
     a_info, b_info = describe(anchor_pair[0]), [describe(p[0]) for p in augment_pairs]
     shallowest = min(i.num_layers for i in b_info)
     config = CALMConfig(
@@ -105,7 +107,6 @@ def reset_bridge(session):
 def load_real_pair(session, progress=gr.Progress()):
     """Gemma 3 270M (anchor) + SmolLM2-135M-Instruct (augmenting), each loaded (after its memory
     check) with progress, then composed through a new, closed bridge."""
-    from calm_core.model_cache import default_dtype
     from calm_core.real_pair import PREPARE_COMMAND, prepared_pair
 
     session = session or LabSession()
@@ -128,9 +129,6 @@ def load_real_pair(session, progress=gr.Progress()):
 def inspect_upload(session, file):
     if file is None:
         return gr.update(value=None), "No file.", gr.update(), gr.update(), gr.update()
-    from calm_core.data import preview
-    from calm_core.resources import LEDGER, data_bytes
-
     with LEDGER.reserve(data_bytes(file), "Reading this file", "Upload a smaller file."):
         rows = preview(file, n=8, check_roles=False)  # the mapping is chosen below, then checked by use_data
     columns = list(rows[0]) if rows else []

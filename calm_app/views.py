@@ -129,8 +129,7 @@ def chat_settings(session: LabSession):
     """Max new tokens and prompt mode from the preset (or the defaults), and cleared chats."""
     preset = session.preset
     tokens = preset.max_new_tokens if preset else 32
-    mode = preset.prompt_mode if preset else ("chat" if session.calm is not None and session.has_chat_template()
-                                              else "completion")
+    mode = preset.prompt_mode if preset else "completion"  # chat is for instruction-tuned anchors: the user's call
     return gr.update(value=tokens), gr.update(value=mode), [], [], [], ""
 
 

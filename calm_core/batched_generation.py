@@ -21,8 +21,8 @@ import torch
 
 from . import alignment
 from .errors import CALMError
-from .generation import (GenerationResult, IncrementalText, Sampling, _common_prefix, _max_positions, crop_cache,
-                         eos_ids, new_cache, pick_next, render_prompt)
+from .generation import (GenerationResult, IncrementalText, Sampling, _common_prefix, _max_positions, augment_view,
+                         crop_cache, eos_ids, new_cache, pick_next, render_prompt)
 
 
 @dataclass
@@ -108,15 +108,6 @@ class BatchDecoder:
         self.columns[row].append((token, True))
         return piece
 
-    def _view(self, k: int, r: _Row) -> tuple[list[int], list[int], list[int]]:
-        """(augmenting ids, their keys, the anchor keys to compare them with), as generation.py."""
-        if self.calm.shared[k]:
-            positions = list(range(len(r.ids)))
-            return r.ids, positions, positions
-        text = r.prompt + r.text.stable()
-        ids, offsets, special = alignment.tokenize(self.calm.augments[k].tokenizer, [text])
-        return ids[0], alignment.augment_keys(offsets[0], special[0], len(text)), r.keys
-
     def _read_augment(self, k: int, views) -> int:
         """Bring augmenting model k up to date; returns the first anchor column to recompute."""
         grid, calm, restart = self.grids[k], self.calm, self.done
@@ -161,7 +152,7 @@ class BatchDecoder:
         calm, device = self.calm, self.calm.anchor.model.device
         start, views = self.done, {}
         for k in self.active:
-            views[k] = [self._view(k, r) for r in self.rows]
+            views[k] = [augment_view(calm, k, r.prompt, r.text, r.ids, r.keys) for r in self.rows]
             start = min(start, self._read_augment(k, views[k]))
         if not crop_cache(self.cache, start):
             self.cache, start = new_cache(calm.anchor.model.config), 0

@@ -134,13 +134,7 @@ class ComposedDecoder:
         return piece
 
     def _augment_view(self, k: int) -> tuple[list[int], list[int], list[int]]:
-        """(augmenting ids, their keys, the anchor keys to compare them with) for the text so far."""
-        if self.calm.shared[k]:
-            positions = list(range(len(self.ids)))
-            return self.ids, positions, positions
-        text = self.prompt + self.text.stable()
-        ids, offsets, special = alignment.tokenize(self.calm.augments[k].tokenizer, [text])
-        return ids[0], alignment.augment_keys(offsets[0], special[0], len(text)), self.keys
+        return augment_view(self.calm, k, self.prompt, self.text, self.ids, self.keys)
 
     def next_logits(self) -> torch.Tensor:
         """Anchor logits (vocab,) for the token after everything appended so far."""
@@ -187,6 +181,18 @@ class ComposedDecoder:
                                         cache=self.cache, scales=self.scales, last_only=True)
         self.done = len(self.ids)
         return logits[0, -1]
+
+
+def augment_view(calm, k: int, prompt: str, text: IncrementalText, ids: list[int], keys: list[int]):
+    """(augmenting ids, their keys, the anchor keys to compare them with) for a prompt and the text
+    generated so far: with a shared tokenizer the anchor's own ids at their positions, else the text
+    re-tokenized for augmenting model k."""
+    if calm.shared[k]:
+        positions = list(range(len(ids)))
+        return ids, positions, positions
+    whole = prompt + text.stable()
+    aug_ids, offsets, special = alignment.tokenize(calm.augments[k].tokenizer, [whole])
+    return aug_ids[0], alignment.augment_keys(offsets[0], special[0], len(whole)), keys
 
 
 def new_cache(config) -> DynamicCache:

@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from calm_core import CALMConfig, ComposedLM, load_causal_lm
-from calm_core.alignment import tokenize
 from calm_core.data import Example
 from calm_core.generation import render_prompt
 from calm_core.real_pair import prepared_pair
 from calm_core.training import TrainConfig, Trainer
+
+from .test_compose import prefix_positions
 
 PAIR = prepared_pair()
 pytestmark = pytest.mark.skipif(PAIR is None, reason="real pair not prepared: python -m calm_core.real_pair")
@@ -59,22 +60,11 @@ def test_closed_gates_equal_the_anchor_exactly(direction):
     assert torch.equal(calm.forward(batch), alone)
 
 
-def _shared_prefix(calm, a, b):
-    common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    ids, offsets, _ = tokenize(calm.anchor.tokenizer, [a, b])
-    n = 0
-    for (ia, oa), (ib, ob) in zip(zip(ids[0], offsets[0]), zip(ids[1], offsets[1])):
-        if ia != ib or oa != ob or oa[1] > common:
-            break
-        n += 1
-    return n
-
-
 @torch.no_grad()
 def test_no_future_leak_with_an_open_random_bridge(direction):
     calm = compose(direction, seed=0)
     for a, b in EDITS:
-        n = _shared_prefix(calm, a, b)
+        n = prefix_positions(calm, a, b)
         assert n > 1
         la, lb = calm.logits([a])[0, :n], calm.logits([b])[0, :n]
         torch.testing.assert_close(la, lb, atol=1e-4, rtol=1e-4)

@@ -11,7 +11,7 @@ Equal, row by row, to decoding each prompt alone (generation.py), by constructio
 - where a changed augmenting token was visible to an anchor position already cached, the anchor
   recomputes from that column (for all rows: the others recompute what they had).
 A sliding-window augmenting model counts its window in columns, so batching stays exact only while
-every row's columns fit the window; longer batches are decoded one prompt at a time instead.
+the grid is narrower than the window; a batch that would outgrow it is decoded one prompt at a time.
 """
 from __future__ import annotations
 
@@ -35,6 +35,15 @@ class _Row:
     new_ids: list[int] = field(default_factory=list)
     scores: list[torch.Tensor] = field(default_factory=list)
     finished: bool = False
+
+
+class _WindowExceeded(Exception):
+    """A sliding-window augmenting model's grid reached its window: batching would no longer be exact."""
+
+
+def sliding_window(model) -> int | None:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return getattr(config, "sliding_window", None) or None
 
 
 class _AugmentGrid:
@@ -125,6 +134,9 @@ class BatchDecoder:
         width = max(len(f) for f in feeds)
         if width == 0:
             return restart
+        window = sliding_window(calm.augments[k].model)
+        if window is not None and grid.width + width >= window:
+            raise _WindowExceeded
         device = calm.anchor.model.device
         _, old_mask = grid.key_tensors()
         chunk = torch.full((len(feeds), width), alignment.pad_id(calm.augments[k].tokenizer), dtype=torch.long)
@@ -179,15 +191,12 @@ class BatchDecoder:
         return logits[:, -1]
 
 
-def _window_safe(calm, decoder_rows: list[str], max_new_tokens: int) -> bool:
-    """False when a sliding-window model could see more columns than its window (see the docstring)."""
+def _window_safe(calm, texts: list[str], max_new_tokens: int) -> bool:
+    """False when a sliding-window augmenting model's grid would plainly outgrow its window."""
     for member in calm.augments:
-        config = member.model.config.get_text_config() if hasattr(member.model.config, "get_text_config") else member.model.config
-        window = getattr(config, "sliding_window", None)
-        if window:
-            longest = max(len(member.tokenizer(t)["input_ids"]) for t in decoder_rows)
-            if longest + 2 * max_new_tokens + 8 >= window:
-                return False
+        window = sliding_window(member.model)
+        if window and max(len(member.tokenizer(t)["input_ids"]) for t in texts) + 2 * max_new_tokens >= window:
+            return False
     return True
 
 
@@ -207,9 +216,16 @@ def generate_batch(calm, prompts: list, max_new_tokens: int = 32, return_dict: b
     rendered = [render_prompt(calm.anchor.tokenizer, p) for p in prompts]
     if not sampling.use_cache or len(prompts) == 1 or not _window_safe(calm, [t for t, _ in rendered], max_new_tokens):
         return [generate(calm, p, max_new_tokens, return_dict, scales=scales, **kwargs) for p in prompts]
+    try:
+        return _decode(calm, rendered, max_new_tokens, return_dict, sampling, scales)
+    except _WindowExceeded:  # rare: start again, one prompt at a time
+        return [generate(calm, p, max_new_tokens, return_dict, scales=scales, **kwargs) for p in prompts]
+
+
+def _decode(calm, rendered, max_new_tokens: int, return_dict: bool, sampling: Sampling, scales) -> list:
     decoder = BatchDecoder(calm, [t for t, _ in rendered], [s for _, s in rendered], sampling, scales)
     stop, limit = eos_ids(calm), _max_positions(calm.anchor.model)
-    pieces = [[] for _ in prompts]
+    pieces = [[] for _ in rendered]
     for _ in range(max_new_tokens):
         for r in decoder.rows:
             if limit is not None and len(r.ids) >= limit:

@@ -103,3 +103,5 @@ def test_sliding_window_models_cached_uncached_and_batched(tokenizers, anchor, a
         for a, b in zip(cached.scores, fresh.scores):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     assert calm.generate(prompts, max_new_tokens=24) == [calm.generate(p, max_new_tokens=24) for p in prompts]
+    short = ["ab", "c d"]  # a sliding-window augment's grid outgrows its window mid-way: decoded one by one
+    assert calm.generate(short, max_new_tokens=12) == [calm.generate(p, max_new_tokens=12) for p in short]

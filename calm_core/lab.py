@@ -128,7 +128,7 @@ class LabSession:
     def set_data(self, path, column_map: dict | None = None, validation_path=None, validation_fraction: float = 0.1) -> DataSplits:
         need = data_bytes(path) + (data_bytes(validation_path) if validation_path else 0)
         with LEDGER.reserve(need, f"Reading {Path(path).name}", "Upload a smaller file, or CSV / Parquet rather than "
-                            "JSON (JSON is read into Python objects, about 12 bytes per byte of the file)."):
+                            "JSON (JSON is read into Python objects, about 20 bytes per byte of the file)."):
             splits = load_splits(path, validation_path, DataConfig(column_map=column_map, validation_fraction=validation_fraction))
         self.splits = splits
         return splits

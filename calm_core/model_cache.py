@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from pathlib import Path
 
 import torch
 
@@ -49,10 +50,17 @@ class ModelCache:
 
 def estimated_weight_bytes(name: str, dtype=None) -> int:
     """Weights from the model's config alone (0 when there is none to read)."""
+    from .gguf_files import is_gguf
+
     try:
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(name).get_text_config()
+        if is_gguf(name):  # its header has the config; reading it dequantises to float32, then copies once
+            path = Path(name).expanduser()
+            config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).get_text_config()
+            dtype = None
+        else:
+            config = AutoConfig.from_pretrained(name).get_text_config()
     except Exception:
         return 0  # loading will report what is wrong
     width = getattr(config, "hidden_size", 0) or 0

@@ -203,6 +203,9 @@ def test_kv_smoke_pipeline(tmp_path):
     preset = json.loads((tmp_path / "preset.json").read_text())
     assert {"name", "title", "description", "example_prompts", "table", "paper_table", "eval_files"} <= set(preset)
     assert preset["protocol"] and "another protocol" in preset["description"]
+    # the Evaluate tab measures as the table did (issue 19): scoring per set, the pipeline's answer length
+    assert preset["eval_scoring"]["KV-SUBS"] == "substitution" and preset["eval_max_new_tokens"] == 30
+    assert set(preset["eval_scoring"]) == set(preset["eval_files"])
     written = json.loads((tmp_path / "table.json").read_text())
     assert {"protocol", "answer_formats", "column_notes", "departures"} <= set(written)
     assert not list(tmp_path.glob("*.done"))  # the base models' hand-over markers are cleaned up

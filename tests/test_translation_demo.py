@@ -76,6 +76,7 @@ def test_smoke_pipeline_writes_a_preset_that_loads(tmp_path):
     assert {"protocol", "answer_formats", "column_notes", "departures"} <= set(written)
     assert "another task" in (tmp_path / "translation" / "table.md").read_text()
     assert preset.train_file.name == "composition_train.jsonl"
+    assert preset.eval_max_new_tokens == preset.max_new_tokens and "held-out sentences" in preset.eval_table_rows
     assert preset.validation_file.name == "composition_validation.jsonl"
     assert all(p.is_file() for p in preset.eval_files.values())
     rows = [json.loads(line) for line in preset.eval_files["held-out sentences"].read_text().splitlines()]

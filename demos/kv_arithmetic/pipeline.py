@@ -269,9 +269,14 @@ def accuracy(target, tokenizer, rows, max_new_tokens: int, part=D.final_result) 
     return 100.0 * sum(part(a) == part(c) for a, (_, c) in zip(answers, rows)) / max(1, len(rows))
 
 
+def answer_tokens(operands: int) -> int:
+    """New tokens an answer may take: room for a restated expression and its result."""
+    return 12 * operands + 6
+
+
 def evaluate_all(columns: dict, files: dict, operands: int, n: int) -> dict:
     """columns: name -> (model or ComposedLM, tokenizer or None). Returns row -> column -> %."""
-    max_new = 12 * operands + 6  # room for a restated expression and its result
+    max_new = answer_tokens(operands)
     table = {row: {} for row in ROW_FILES}
     for col, (target, tok) in columns.items():
         t = time.perf_counter()
@@ -339,6 +344,11 @@ def run(s: Settings, out: Path, controls: bool = True, until: str | None = None)
         # the app scores by exact match: a row's file in the anchor's answer format where make_data wrote one
         "eval_files": {row: f"data/{name + '_shown' if name + '_shown' in files else name}.jsonl"
                        for row, name in ROW_FILES.items()},
+        # how the Evaluate tab measures each set, as the table was measured
+        "metrics": ["exact_match"],
+        "eval_max_new_tokens": answer_tokens(s.operands),
+        "eval_scoring": {"KV-SUBS": "substitution", "NUM-MATH": "result", "KV-MATH (held-out keys)": "result",
+                         "KV-MATH (train keys)": "result"},
         "train_file": "data/composition_train.jsonl",
         "validation_file": "data/composition_validation.jsonl",
         "anchor": "anchor", "augment": "augment", "bridge": "bridge",

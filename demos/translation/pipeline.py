@@ -189,6 +189,11 @@ def run(s: Settings, out: Path, controls: bool = True, until: str | None = None)
         "validation_file": "data/composition_validation.jsonl",
         "anchor": "anchor", "augment": "augment", "bridge": "bridge",
         "max_new_tokens": s.max_new_tokens,
+        # how the Evaluate tab measures each set, as the table was measured
+        "eval_max_new_tokens": s.max_new_tokens,
+        "eval_table_rows": {"held-out sentences": {"chrf": "chrF, held-out sentences", "bleu": "BLEU, held-out sentences",
+                                                   "exact_match": "exact match %, held-out sentences"},
+                            "parallel-set sentences": {"chrf": "chrF, parallel-set sentences"}},
         "settings": asdict(s),
         "times_s": times_s,
     }

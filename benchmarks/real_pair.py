@@ -121,7 +121,7 @@ def evaluation(calm, results: dict, key: str, prompts: list[str], new_tokens: in
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats and prompts (about 3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and prompts (about 4 minutes)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/real_pair.json"))
     args = parser.parse_args(argv)
@@ -140,7 +140,7 @@ def main(argv=None) -> dict:
         generation(calm, results, 64, 2 if args.quick else 3)
         training(calm, results, 8, 128, 2 if args.quick else 4)
         questions = [f"Question: Where is {t}? Answer:" for t in TOPICS] * 6
-        evaluation(calm, results, "evaluate_real_pair", questions[:32 if args.quick else 64], 16, 32)
+        evaluation(calm, results, "evaluate_real_pair", questions[:16 if args.quick else 64], 16, 32)
         results["peak_rss_mib"] = peak_rss_mib()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))

@@ -122,9 +122,11 @@ class ComposedLM:
         """(batch, anchor tokens, anchor vocab) for right-padded texts; differentiable w.r.t. the bridge."""
         return self.forward(self.encode(texts))
 
-    def forward(self, batch: ComposedBatch, augment_states: list[list[torch.Tensor]] | None = None) -> torch.Tensor:
+    def forward(self, batch: ComposedBatch, augment_states: list[list[torch.Tensor]] | None = None,
+                anchor_prefix: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for an encoded batch. augment_states, when given, replaces running the augmenting
-        models (one list of per-composition-layer states per model, as augment_states() returns)."""
+        models (one list of per-composition-layer states per model, as augment_states() returns);
+        anchor_prefix, the anchor's frozen layers below the bridge (anchor_prefix.prefix_states)."""
         device = device_of(self.anchor.model)
         scales = self.block_scales()
         condition = []
@@ -138,7 +140,13 @@ class ComposedLM:
             self._recorder.anchor_tokens = batch.anchor.tokens[0]
             self._recorder.augment_tokens_by_model = [e.tokens[0] for e in batch.augments]
             self._recorder.augment_tokens = self._recorder.augment_tokens_by_model[0] if batch.augments else []
-        return self.anchor_logits(batch.anchor.input_ids.to(device), batch.anchor.attention_mask.to(device), condition)
+        run = lambda: self.anchor_logits(batch.anchor.input_ids.to(device), batch.anchor.attention_mask.to(device), condition)
+        if anchor_prefix is None:
+            return run()
+        from .anchor_prefix import replaying
+
+        with replaying(self, anchor_prefix.to(device)):
+            return run()
 
     def visibility(self, k: int, anchor: Encoding, augment: Encoding) -> torch.Tensor:
         if self.shared[k]:

@@ -299,12 +299,15 @@ class LabSession:
 
 
 def _cache_bytes(calm, config: TrainConfig, examples: int, tokens: int) -> int:
-    """At most what the trainer's augmenting-state cache can take: its budget, or every example at the longest."""
+    """At most what the trainer's frozen-state cache can take: its budget, or every example at the longest."""
     from .training import PREPARE_ALL
 
     if not config.cache_augment_states or examples > PREPARE_ALL:
         return 0
+    from .anchor_prefix import prefix_depth
+
     per_token = sum(m.info.width * len(b.pairs) * 4 for m, b in zip(calm.augments, calm.bridge.augments))
+    per_token += calm.anchor.info.width * 4 if prefix_depth(calm) else 0  # the anchor's frozen prefix
     return int(min(config.cache_budget_mb * 2**20, examples * tokens * per_token))
 
 

@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from .batches import collate, token_losses
 from .bridge import noisy_augment_states
+from .frozen_cache import FrozenStates, cache_bytes
 from .data import Example
 from .distributed import Distributed
 from .errors import CALMError
@@ -111,7 +112,7 @@ class Trainer:
         self.step = 0
         self.history: list[dict] = []
         self._stop = threading.Event()
-        self._states: dict[int, list[list[torch.Tensor]]] | None = None
+        self._states: FrozenStates | None = None  # the frozen models' states, once per row (cache_augment_states)
 
     @property
     def truncated(self) -> int:
@@ -155,41 +156,7 @@ class Trainer:
         return out
 
     def _cache_fits(self) -> bool:
-        if not self.train_rows.complete:
-            return False
-        bytes_per_token = sum(
-            member.info.width * len(bridge.pairs) * 4 for member, bridge in zip(self.calm.augments, self.calm.bridge.augments)
-        )
-        tokens = sum(len(ids) for row in self.train_rows for ids in row.augment_ids)
-        return tokens * bytes_per_token <= self.config.cache_budget_mb * 2**20
-
-    def _cached_states(self, indices: list[int]):
-        """Augmenting states for these examples, computed once (in fixed-order chunks, so the
-        values never depend on which batch first needed them)."""
-        if self._states is None:
-            self._states = {}
-        chunk = 64
-        for start in sorted({i // chunk * chunk for i in indices}):
-            if start in self._states:
-                continue
-            rows = self.train_rows[start:start + chunk]
-            batch, _ = collate(self.calm, rows)
-            per_model = []
-            for k, enc in enumerate(batch.augments):
-                states = self.calm.augment_states(k, enc.input_ids, enc.attention_mask)
-                per_model.append([s.detach().float().cpu() for s in states])
-            self._states[start] = per_model
-        result = []
-        for k in range(len(self.calm.augments)):
-            layers = []
-            for layer in range(len(self.calm.bridge.augments[k].pairs)):
-                pieces = [self._states[i // chunk * chunk][k][layer][i % chunk] for i in indices]
-                length = max(len(self.train_rows[i].augment_ids[k]) for i in indices)
-                # A chunk is padded to its own longest row: cut or zero-pad each row to this batch's.
-                layers.append(torch.stack([torch.nn.functional.pad(p[:length], (0, 0, 0, length - min(len(p), length)))
-                                           for p in pieces]))
-            result.append(layers)
-        return result
+        return self.train_rows.complete and cache_bytes(self.calm, self.train_rows) <= self.config.cache_budget_mb * 2**20
 
     # ---- training -----------------------------------------------------------------------------
 
@@ -210,10 +177,13 @@ class Trainer:
             (cfg.seed * 1000003 + self.step) * 64 + self.dist.rank) if cfg.augment_noise else None
         for micro in self._micro_batches(indices):
             batch, labels = collate(calm, [self.train_rows[i] for i in micro])
-            states = self._cached_states(micro) if use_cache else None
+            states, prefix = None, None
+            if use_cache:
+                self._states = self._states or FrozenStates(calm, self.train_rows)
+                states, prefix = self._states.batch(micro)
             with torch.autocast(self._device_type(), dtype=torch.bfloat16, enabled=cfg.bf16), \
                     noisy_augment_states(calm.bridge.blocks(), cfg.augment_noise, generator):
-                logits = calm.forward(batch, augment_states=states)
+                logits = calm.forward(batch, augment_states=states, anchor_prefix=prefix)
             losses = token_losses(logits, labels.to(logits.device))
             (losses.sum() / total.clamp(min=1)).backward()
             loss_sum += losses.detach().sum().cpu()

@@ -146,12 +146,31 @@ def test_cached_states_mix_chunks_of_different_lengths(calm):
     trainer = Trainer(calm, short + long, None, config(steps=3, batch_size=16))
     result = trainer.train()
     assert result.augment_cache and result.stop_reason == "finished"
-    cached = trainer._cached_states([0, 64])  # one row from each chunk
+    cached, prefix = trainer._states.batch([0, 64])  # one row from each chunk
     batch, _ = collate(calm, [trainer.train_rows[0], trainer.train_rows[64]])
     augment = batch.augments[0]
     uncached = calm.augment_states(0, augment.input_ids, augment.attention_mask)
     for got, want in zip(cached[0], uncached):
         torch.testing.assert_close(got[augment.attention_mask], want[augment.attention_mask], atol=1e-5, rtol=1e-5)
+    # and the anchor's frozen prefix, replayed, gives the logits of a full forward
+    real = batch.anchor.attention_mask  # padding positions are never read
+    torch.testing.assert_close(calm.forward(batch, cached, prefix)[real], calm.forward(batch)[real], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("insert, layers", [("after", [1, 2]), ("before", [2, 3]), ("before", [0, 3])])
+def test_the_frozen_cache_trains_the_same_bridge(tokenizers, insert, layers):
+    """Augmenting states and the anchor's layers below the bridge, stored once: the same steps, the same bridge."""
+    bridges = []
+    for cache in (False, True):
+        anchor = make_pair("llama", tokenizers["char_bos"], layers=4, width=32, seed=1)
+        augment = make_pair("gpt2", tokenizers["bpe"], layers=2, width=24, seed=2)
+        torch.manual_seed(0)
+        calm = ComposedLM(anchor, [augment], CALMConfig(anchor_layers=layers, augment_layers=[0, 1], insert=insert))
+        result = Trainer(calm, reverse_task(24, 0), None, config(steps=6, cache_augment_states=cache)).train()
+        assert result.augment_cache == cache
+        bridges.append(calm.bridge.state_dict())
+    for name in bridges[0]:
+        torch.testing.assert_close(bridges[0][name], bridges[1][name], atol=1e-5, rtol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("scale", [1.0, 10.0])

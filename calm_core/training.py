@@ -54,7 +54,7 @@ class TrainConfig:
     bf16: bool = False
     max_length: int | None = None
     append_eos: bool = True
-    cache_augment_states: bool = True
+    cache_augment_states: bool = True  # store the augmenting states and the anchor below the bridge per example, once
     cache_budget_mb: float = 1024.0
     out_dir: str | None = None
     progress: bool = True

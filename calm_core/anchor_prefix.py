@@ -38,8 +38,7 @@ _TUPLE_OUTPUT: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDic
 @torch.no_grad()
 def prefix_states(calm, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """(B, T, D_B): the output of the anchor's last prefix layer; the layers above do not run."""
-    depth, captured = prefix_depth(calm), {}
-    model, layer = calm.anchor.model, calm.anchor.layers[prefix_depth(calm) - 1]
+    depth, captured, model = prefix_depth(calm), {}, calm.anchor.model
 
     def capture(module, args, output):
         _TUPLE_OUTPUT[model] = isinstance(output, tuple)
@@ -47,8 +46,8 @@ def prefix_states(calm, input_ids: torch.Tensor, attention_mask: torch.Tensor) -
         raise _Stop
 
     assert depth > 0, "no frozen prefix to compute"
-    with model_lock(model):
-        handle = layer.register_forward_hook(capture, prepend=True)
+    with model_lock(model):  # the layer is looked up under the lock: another thread may be replaying
+        handle = calm.anchor.layers[depth - 1].register_forward_hook(capture, prepend=True)
         try:
             model(input_ids=input_ids.to(model.device), attention_mask=attention_mask.long().to(model.device))
         except _Stop:
@@ -81,8 +80,8 @@ class _Replay(nn.Module):
 def replaying(calm, states: torch.Tensor):
     """Inside the `with`, the anchor's prefix layers hand back `states` (B, T, D_B) instead of running."""
     layers, depth = calm.anchor.layers, prefix_depth(calm)
-    originals = [layers[i] for i in range(depth)]
-    with model_lock(calm.anchor.model):
+    with model_lock(calm.anchor.model):  # shared models: one thread's layers are swapped at a time
+        originals = [layers[i] for i in range(depth)]
         try:
             for i, layer in enumerate(originals):
                 layers[i] = _Replay(layer, states if i == depth - 1 else None, _TUPLE_OUTPUT.get(calm.anchor.model, False))

@@ -303,3 +303,26 @@ def test_a_large_data_set_keeps_only_recent_prepared_chunks(calm, monkeypatch):
     assert len(trainer.train_rows._chunks) <= 2
     row = trainer.train_rows[1999]  # a dropped or new chunk is made again, the same
     assert row.anchor_ids == prepare(calm, [reverse_task(2000, 0)[1999]])[0][0].anchor_ids
+
+
+def test_replaying_threads_never_see_each_others_layers(tokenizers):
+    """Two compositions share one anchor (as app sessions do) and train at once: each step replays the
+    anchor's prefix under the model's lock, and the shared model's layers are its own afterwards."""
+    import threading
+
+    anchor = make_pair("llama", tokenizers["char_bos"], layers=4, width=32, seed=1)
+    augment = make_pair("gpt2", tokenizers["bpe"], layers=2, width=24, seed=2)
+    layers = list(anchor[0].model.layers)
+    calms = [ComposedLM(anchor, [augment], CALMConfig(anchor_layers=[2, 3], augment_layers=[0, 1])) for _ in range(2)]
+    results, errors = [], []
+
+    def run(calm):
+        try:
+            results.append(Trainer(calm, reverse_task(24, 0), None, config(steps=8)).train())
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=run, args=(c,)) for c in calms]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors and all(r.stop_reason == "finished" and r.augment_cache for r in results)
+    assert list(anchor[0].model.layers) == layers

@@ -1,0 +1,72 @@
+"""table.md / table.json (and preset.json when asked) for a real-knowledge run."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PROTOCOL = ("Knowledge of a made-up world (invented people, each with a home town among invented towns) that only "
+            "m_A has: m_A = Gemma 3 270M (base) + a LoRA adapter trained on encyclopedia sentences only; anchor = "
+            "SmolLM2-135M-Instruct, frozen, never shown the world, asked in its own chat template. The bridge is "
+            "trained on questions about 20% of the people (answer = the town alone); scored by exact match on the "
+            "town (first line of the answer, spaces and a final full stop removed), greedy decoding, on questions about "
+            "held-out people who appear in no composition data.")
+
+COLUMN_NOTES = {
+    "CALM": "anchor + m_A through the trained bridge",
+    "anchor alone": "the same composition with the bridge off (gate scale 0): SmolLM2 exactly",
+    "m_A alone (chat question)": "Gemma + adapter given the anchor's chat prompt as plain text",
+    "m_A alone (best prompt)": "Gemma + adapter completing its own encyclopedia phrasing 'X was born in' "
+                               "(the knowledge m_A holds; not the task as asked)",
+    "anchor + LoRA (composition data)": "SmolLM2 + LoRA trained on the composition data, same steps and batch",
+    "CALM with untrained m_A": "plain Gemma (never saw the world) composed and trained the same way",
+}
+
+DEPARTURES = [
+    "The paper's key-value experiment composes PaLM2 models on numeric keys and values (25K keys) and evaluates "
+    "arithmetic over them; here the facts are names -> towns, the models are 135M / 270M, and the task is recall "
+    "only (no arithmetic), so no paper number is comparable.",
+    "The questions hold the phrase that elicits the fact from m_A (e.g. 'X was born in which town?'), so that m_A "
+    "computes the town in the text the bridge reads; m_A's encyclopedia uses the same phrase.",
+    "m_A was trained with the loss on the value tokens only (the encyclopedia sentence's name and phrasing given).",
+]
+
+
+def fmt(v) -> str:
+    return "-" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))
+
+
+def markdown(result: dict) -> str:
+    table = result["table"]
+    cols = [c for c in ["CALM", "anchor alone", "m_A alone (chat question)", "m_A alone (best prompt)",
+                        "anchor + LoRA (composition data)", "CALM with untrained m_A"]
+            if any(c in row for row in table.values())]
+    lines = ["| | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for name, row in table.items():
+        lines.append(f"| {name} | " + " | ".join(fmt(row.get(c)) for c in cols) + " |")
+    g = result["general"]
+    t = result["times_s"]
+    hist = (result.get("augment") or {}).get("history") or []
+    if hist:
+        last = hist[-1]
+        lines += ["", f"m_A (Gemma 3 270M + LoRA): {last['epoch']} epochs over the encyclopedia in "
+                  f"{last['minutes']:.1f} min (wall, shared CPU), teacher-forced recall of the town "
+                  f"{last['recall']:.1f}% ('X was born in' -> town, sampled people), value-token loss {last['loss']:.2f}."]
+    lines += ["", f"General prompts ({g['prompts']}): perplexity of written answers {g['perplexity_on']:.2f} with the "
+              f"bridge on, {g['perplexity_off']:.2f} off (ratio {g['ratio']:.3f}); {g['identical_answers']} of "
+              f"{g['prompts']} greedy answers identical.", "",
+              "Times (s, 2 shared CPU cores, inflated by other jobs): " + ", ".join(f"{k} {v:.0f}" for k, v in t.items()),
+              "", "Columns: " + "; ".join(f"**{k}**: {v}" for k, v in COLUMN_NOTES.items() if k in cols), "",
+              "Protocol: " + PROTOCOL, "", "Departures from the paper: " + " ".join(DEPARTURES)]
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path, result: dict, settings=None) -> None:
+    out = Path(out)
+    data = {"table": result["table"], "times_s": result["times_s"], "general": result["general"],
+            "protocol": PROTOCOL, "column_notes": COLUMN_NOTES, "departures": DEPARTURES,
+            "answer_formats": {"question": "chat template, user turn = the question",
+                               "answer": "the town alone, then <|im_end|>"},
+            "counts": result.get("counts"), "settings": result.get("settings"),
+            "augment": result.get("augment"), "bridge": result.get("bridge"), "controls": result.get("controls")}
+    (out / "table.json").write_text(json.dumps(data, indent=1))
+    (out / "table.md").write_text(markdown(result))

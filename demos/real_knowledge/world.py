@@ -1,0 +1,120 @@
+"""A seeded made-up world: invented people, each with a home town (invented) and a trade (ordinary words).
+
+    world = make_world(seed=0, entities=600)
+    world.encyclopedia()          # short encyclopedia sentences, three phrasings per fact (m_A's only data)
+    world.questions(person, "town")  # the anchor's chat questions about one fact, answer = the value alone
+
+Each question holds a phrase that elicits the fact from m_A ("... was born in", "... works as a"): the
+augmenting model only computes a fact where its text asks for it, and the bridge reads the same text.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kr", "tr", "th", "st"]
+VOWELS = ["a", "e", "i", "o", "u", "ai", "ei", "ou"]
+CODAS = ["", "", "n", "r", "l", "s", "th", "m", "nd", "rk"]
+
+TRADES = ["baker", "weaver", "potter", "blacksmith", "tailor", "miller", "fisherman", "farmer", "mason", "carpenter",
+          "butcher", "brewer", "cooper", "tanner", "shepherd", "beekeeper", "sailor", "painter", "jeweller",
+          "bookbinder", "clockmaker", "gardener", "candlemaker", "ropemaker"]
+ATTRIBUTES = ("town", "trade")
+
+# encyclopedia phrasings: (prefix, suffix) around the value; m_A is trained on these sentences only
+FACTS = {
+    "town": [("{x} was born in ", "."), ("{x} comes from the town of ", "."), ("The home town of {x} is ", ".")],
+    "trade": [("{x} works as a ", "."), ("By trade, {x} is a ", "."), ("The trade of {x} is that of a ", ".")],
+}
+# m_A's best completion prompt per attribute (the first phrasing, without the value)
+COMPLETION = {a: FACTS[a][0][0].rstrip() for a in ATTRIBUTES}
+# the anchor's questions (user turn of its chat template); each holds the eliciting phrase
+QUESTIONS = {
+    "town": ["{x} was born in which town?", "Which town was {x} born in?", "{x} comes from the town of... which one?"],
+    "trade": ["{x} works as a what? Name the trade.", "What trade is {x}? {x} works as a", "By trade, {x} is a what?"],
+}
+
+
+def _word(rng: random.Random, syllables: int) -> str:
+    w = "".join(rng.choice(ONSETS) + rng.choice(VOWELS) for _ in range(syllables)) + rng.choice(CODAS)
+    return w.capitalize()
+
+
+@dataclass
+class Person:
+    name: str
+    town: str
+    trade: str
+
+    def value(self, attribute: str) -> str:
+        return getattr(self, attribute)
+
+
+@dataclass
+class World:
+    seed: int
+    towns: list[str]
+    trades: list[str]
+    people: list[Person] = field(default_factory=list)
+
+    def facts(self, person: Person) -> list[tuple[str, str, str]]:
+        """(attribute, text before the value, text after it) for every phrasing of every fact."""
+        return [(a, pre.format(x=person.name), post) for a in ATTRIBUTES for pre, post in FACTS[a]]
+
+    def encyclopedia(self, people=None) -> list[tuple[str, str]]:
+        """(prefix, value + suffix) sentences; the text is prefix + value + suffix."""
+        return [(pre.rstrip(), " " + person.value(a) + post)
+                for person in (people or self.people) for a, pre, post in self.facts(person)]
+
+    def questions(self, person: Person, attribute: str) -> list[str]:
+        return [q.format(x=person.name) for q in QUESTIONS[attribute]]
+
+    def to_dict(self) -> dict:
+        return {"seed": self.seed, "towns": self.towns, "trades": self.trades,
+                "people": [vars(p) for p in self.people]}
+
+
+def make_world(seed: int = 0, entities: int = 500, towns: int = 40, trades: int = 24) -> World:
+    rng = random.Random(f"real-knowledge-world-{seed}")
+    town_names: list[str] = []
+    while len(town_names) < towns:
+        w = _word(rng, rng.choice([2, 3]))
+        if w not in town_names and 5 <= len(w) <= 10:
+            town_names.append(w)
+    trade_names = TRADES[:trades]
+    used = set(town_names)
+    names: list[str] = []
+    while len(names) < entities:
+        first, last = _word(rng, 2), _word(rng, rng.choice([2, 3]))
+        name = f"{first} {last}"
+        if first in used or last in used or name in names or len(last) > 11:
+            continue
+        names.append(name)
+    # balanced values: every town / trade used by about the same number of people
+    town_of = [town_names[i % towns] for i in range(entities)]
+    trade_of = [trade_names[i % trades] for i in range(entities)]
+    rng.shuffle(town_of)
+    rng.shuffle(trade_of)
+    people = [Person(n, t, p) for n, t, p in zip(names, town_of, trade_of)]
+    return World(seed, town_names, trade_names, people)
+
+
+def split(world: World, compose: float = 0.2, dev: int = 100, seed: int = 0) -> dict[str, list[Person]]:
+    """compose (20% of people, covering every town), dev (choose settings) and test (held out, reported)."""
+    rng = random.Random(f"real-knowledge-split-{world.seed}-{seed}")
+    people = list(world.people)
+    rng.shuffle(people)
+    n = round(compose * len(people))
+    chosen, seen = [], set()
+    for p in people:  # first one person per town, then the rest in order
+        if p.town not in seen:
+            chosen.append(p)
+            seen.add(p.town)
+    for p in people:
+        if len(chosen) >= n:
+            break
+        if p not in chosen:
+            chosen.append(p)
+    chosen = chosen[:n]
+    rest = [p for p in people if p not in chosen]
+    return {"compose": chosen, "dev": rest[:dev], "test": rest[dev:]}

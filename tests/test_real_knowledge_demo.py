@@ -1,0 +1,66 @@
+"""The real-knowledge demo: its seeded world and splits, and a tiny run of the whole pipeline on the real pair
+(skipped when the pair is not prepared: python -m calm_core.real_pair)."""
+import json
+
+import pytest
+import torch
+
+from demos.real_knowledge import world as W
+
+
+def test_world_is_seeded_balanced_and_invented():
+    w = W.make_world(seed=0, entities=500)
+    assert len(w.people) == 500 and len({p.name for p in w.people}) == 500
+    assert len(set(w.towns)) == 40
+    counts = [sum(p.town == t for p in w.people) for t in w.towns]
+    assert max(counts) - min(counts) <= 1  # every town about equally common
+    assert W.make_world(seed=0, entities=500).to_dict() == w.to_dict()
+    assert W.make_world(seed=1, entities=500).people != w.people
+    names = {part for p in w.people for part in p.name.split()}
+    assert not names & set(w.towns)
+    sentences = w.encyclopedia()
+    assert len(sentences) == 500 * sum(len(W.FACTS[a]) for a in W.ATTRIBUTES)
+    pre, val = sentences[0]
+    assert pre == f"{w.people[0].name} was born in" and val == f" {w.people[0].town}."
+
+
+def test_split_covers_every_town_and_holds_people_out():
+    w = W.make_world(seed=3, entities=500)
+    parts = W.split(w, 0.2, 100, seed=3)
+    assert len(parts["compose"]) == 100 and len(parts["dev"]) == 100 and len(parts["test"]) == 300
+    assert {p.town for p in parts["compose"]} == set(w.towns)
+    names = {k: {p.name for p in v} for k, v in parts.items()}
+    assert not names["compose"] & names["test"] and not names["compose"] & names["dev"]
+    assert not names["dev"] & names["test"]
+    for q in w.questions(parts["test"][0], "town"):
+        assert parts["test"][0].name in q
+
+
+def test_smoke_pipeline_writes_a_table_and_a_preset_folder(tmp_path):
+    from calm_core.real_pair import prepared_pair
+
+    if prepared_pair() is None:
+        pytest.skip("the real pair is not prepared (python -m calm_core.real_pair)")
+    pytest.importorskip("peft")
+    from calm_core import ComposedLM
+    from demos.real_knowledge.pipeline import COLUMNS, Settings, chat, load_augment, run
+
+    torch.set_num_threads(2)
+    out = tmp_path / "real_knowledge"
+    settings = Settings.smoke()
+    settings.controls = False  # the two trained controls double the time; `--smoke` on the command line runs them
+    result = run(settings, out)
+    row = result["table"]["exact match %, held-out entities"]
+    assert set(row) == set(COLUMNS[:4]) and all(0 <= v <= 100 for v in row.values())
+    written = json.loads((out / "table.json").read_text())
+    assert {"protocol", "answer_formats", "column_notes", "departures"} <= set(written)
+    preset = json.loads((out / "preset.json").read_text())
+    assert preset["anchor_model"] == "real_pair:smollm2" and preset["augment_model"] == "real_pair:gemma"
+    assert (out / preset["augment_adapter"] / "adapter_model.safetensors").is_file()
+    assert all((out / p).is_file() for p in preset["eval_files"].values())
+    pair = prepared_pair()
+    from calm_core import load_causal_lm
+    anchor = load_causal_lm(str(pair["smollm2"]))
+    calm = ComposedLM.from_pretrained(out / preset["bridge"], anchor=anchor,
+                                      augments=[load_augment(out / preset["augment_adapter"], pair["gemma"])])
+    assert isinstance(calm.generate(chat(anchor[1], preset["example_prompts"][0]), max_new_tokens=2), str)

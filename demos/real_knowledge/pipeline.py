@@ -401,7 +401,6 @@ def write_preset_json(out: Path, result: dict, s: Settings, data: dict) -> None:
         "anchor_model": "real_pair:smollm2",
         "augment_model": "real_pair:gemma",
         "augment_adapter": "adapter",
-        "anchor": None, "augment": None,
         "bridge": "bridge",
         "calm_config": s.calm_config().to_dict(),
         "max_new_tokens": s.max_new_tokens,

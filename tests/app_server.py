@@ -48,12 +48,17 @@ def _stop(process: subprocess.Popen) -> None:
 @pytest.fixture(scope="session")
 def app_url(tmp_path_factory):
     """The URL of a running app whose default (and only) preset is a tiny random pair named 'tiny'."""
+    yield from serve(tmp_path_factory, real_pair_dir=tmp_path_factory.mktemp("no-real-pair"))  # not prepared
+
+
+def serve(tmp_path_factory, real_pair_dir):
+    """Run app.py over the tiny preset, with the real pair looked for in real_pair_dir; yields its URL."""
     root = tmp_path_factory.mktemp("presets")
     write_tiny_preset(root)
     port = free_port()
     env = dict(os.environ, CALM_PRESETS_DIR=str(root), CALM_DEFAULT_PRESET="tiny", GRADIO_SERVER_PORT=str(port),
                GRADIO_SERVER_NAME="127.0.0.1", GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1",
-               CALM_REAL_PAIR_DIR=str(tmp_path_factory.mktemp("no-real-pair")))  # the real pair: not prepared
+               CALM_REAL_PAIR_DIR=str(real_pair_dir))
     log_path = tmp_path_factory.mktemp("app-log") / "app.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -22,7 +22,7 @@ import torch
 from . import alignment
 from .errors import CALMError
 from .generation import (GenerationResult, IncrementalText, Sampling, _common_prefix, _max_positions, augment_view,
-                         crop_cache, eos_ids, new_cache, pick_next, render_prompt)
+                         crop_cache, eos_ids, first_stale, new_cache, pick_next, render_prompt)
 
 
 @dataclass
@@ -125,10 +125,8 @@ class BatchDecoder:
             keep = _common_prefix(grid.ids[row], ids)
             if keep < len(grid.ids[row]):
                 cut = min(cut, grid.cols[row][keep])
-                threshold = min(grid.keys[row][keep], keys[keep] if keep < len(keys) else grid.keys[row][keep])
                 cached = min(self.done - self.offsets[row], len(anchor_keys))  # this row's anchor tokens in the cache
-                first = next((i for i in range(cached) if anchor_keys[i] >= threshold), cached)
-                restart = min(restart, self.offsets[row] + first)
+                restart = min(restart, self.offsets[row] + first_stale(grid.keys[row], keys, keep, anchor_keys, cached))
         grid.cut(cut)
         feeds = [ids[len(grid.ids[row]):] for row, (ids, _, _) in enumerate(views)]
         width = max(len(f) for f in feeds)

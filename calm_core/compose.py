@@ -1,6 +1,8 @@
 """ComposedLM: an anchor LM, one or more augmenting LMs, all frozen, and the bridge between them."""
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -56,10 +58,14 @@ class AttentionRecord:
     layer_pairs: list[tuple[int, int, int]]  # (augment index, anchor layer, augment layer)
 
 
-def _accepts(model, argument: str) -> bool:
-    import inspect
+@functools.lru_cache(maxsize=None)
+def _forward_parameters(model_class) -> frozenset:
+    return frozenset(inspect.signature(model_class.forward).parameters)
 
-    return argument in inspect.signature(model.forward).parameters
+
+def _accepts(model, argument: str) -> bool:
+    """Whether the model's forward takes `argument` (read once per model class: generation asks every step)."""
+    return argument in _forward_parameters(type(model))
 
 
 class _StopForward(Exception):

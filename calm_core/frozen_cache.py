@@ -17,6 +17,12 @@ from .batches import collate
 CHUNK = 64  # rows computed together
 
 
+def bytes_per_token(calm) -> int:
+    """Stored float32 bytes per token, counting an anchor token and an augmenting token alike (an estimate)."""
+    augment = sum(member.info.width * len(bridge.pairs) * 4 for member, bridge in zip(calm.augments, calm.bridge.augments))
+    return augment + (calm.anchor.info.width * 4 if prefix_depth(calm) else 0)
+
+
 def cache_bytes(calm, rows) -> int:
     """What storing every row's frozen states takes (float32)."""
     augment = sum(member.info.width * len(bridge.pairs) * 4 * sum(len(row.augment_ids[k]) for row in rows)

@@ -147,9 +147,7 @@ class ComposedDecoder:
             keep = _common_prefix(track.ids, ids) if self.use_cache else 0
             if keep < len(track.ids):
                 # Anchor positions that could see a token that has now changed must be recomputed.
-                threshold = min(track.keys[keep], keys[keep] if keep < len(keys) else track.keys[keep])
-                first = next((i for i in range(self.done) if anchor_keys[i] >= threshold), self.done)
-                start = min(start, first)
+                start = min(start, first_stale(track.keys, keys, keep, anchor_keys, self.done))
                 if self.use_cache:
                     keep = track.crop(keep)
                 else:
@@ -193,6 +191,13 @@ def augment_view(calm, k: int, prompt: str, text: IncrementalText, ids: list[int
     whole = prompt + text.stable()
     aug_ids, offsets, special = alignment.tokenize(calm.augments[k].tokenizer, [whole])
     return aug_ids[0], alignment.augment_keys(offsets[0], special[0], len(whole)), keys
+
+
+def first_stale(old_keys: list[int], new_keys: list[int], keep: int, anchor_keys: list[int], cached: int) -> int:
+    """The first of `cached` anchor positions that could see an augmenting token from index `keep` on,
+    which re-tokenization changed (old and new keys of that token: the earlier bounds it)."""
+    threshold = min(old_keys[keep], new_keys[keep] if keep < len(new_keys) else old_keys[keep])
+    return next((i for i in range(cached) if anchor_keys[i] >= threshold), cached)
 
 
 def new_cache(config) -> DynamicCache:

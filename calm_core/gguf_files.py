@@ -32,7 +32,7 @@ def load_gguf(path, dtype=None):
         raise ModelLoadError(f"Reading {path.name} needs the `gguf` package, which is not installed: {GGUF_HELP}.")
     folder, name = str(path.parent), path.name
     try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        AutoConfig.from_pretrained(folder, gguf_file=name)  # reads the header only: an unknown architecture fails here, clearly
     except Exception as exc:  # ValueError "architecture X is not supported", a corrupt header, ...
         raise ModelLoadError(
             f"transformers cannot read {path.name} ({type(exc).__name__}: {exc}). Its GGUF reader knows only some "
@@ -44,14 +44,14 @@ def load_gguf(path, dtype=None):
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     except Exception as exc:
         raise ModelLoadError(f"Could not read the weights or tokenizer in {path.name}: {type(exc).__name__}: {exc}") from exc
-    model = _plain_copy(loaded, config)
+    model = _plain_copy(loaded)
     model.config._name_or_path = str(path)
     if dtype is not None:
         model.to(dtype)
     return model, tokenizer
 
 
-def _plain_copy(loaded, config):
+def _plain_copy(loaded):
     """The same network built from its config without quantization_config, holding the loaded weights."""
     from transformers import AutoModelForCausalLM
 

@@ -304,11 +304,9 @@ def _cache_bytes(calm, config: TrainConfig, examples: int, tokens: int) -> int:
 
     if not config.cache_augment_states or examples > PREPARE_ALL:
         return 0
-    from .anchor_prefix import prefix_depth
+    from .frozen_cache import bytes_per_token
 
-    per_token = sum(m.info.width * len(b.pairs) * 4 for m, b in zip(calm.augments, calm.bridge.augments))
-    per_token += calm.anchor.info.width * 4 if prefix_depth(calm) else 0  # the anchor's frozen prefix
-    return int(min(config.cache_budget_mb * 2**20, examples * tokens * per_token))
+    return int(min(config.cache_budget_mb * 2**20, examples * tokens * bytes_per_token(calm)))
 
 
 def model_rows(calm: ComposedLM) -> list[list]:

@@ -7,6 +7,16 @@ from calm_core import CALMConfig, ComposedLM
 from calm_core.tiny import char_tokenizer, tiny_model
 
 
+def write_large_csv(path: Path, rows: int, letters: int = 4) -> Path:
+    """A valid prompt,completion CSV of `rows` distinct reversal examples (`abcd=` -> `dcba`)."""
+    with open(path, "w") as f:
+        f.write("prompt,completion\n")
+        for i in range(rows):
+            word = "".join("abcdef"[(i >> (2 * k)) % 6] for k in range(letters))
+            f.write(f"{word}=,{word[::-1]}\n")
+    return path
+
+
 def write_tiny_preset(root: Path, name: str = "tiny") -> Path:
     folder = root / name
     tok = char_tokenizer()

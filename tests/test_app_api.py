@@ -181,12 +181,17 @@ def test_columns_with_other_names_can_be_mapped(client, tmp_path):
     assert "3 training, 1 validation" in note
 
 
-def test_stop_ends_a_run_early(client):
-    job = client.submit(5000, 1e-3, 4, api_name="/train")
-    deadline = time.monotonic() + 60
+def wait_for_a_step(job, seconds: float = 60) -> None:
+    """Until a submitted /train job reports its first finished step."""
+    deadline = time.monotonic() + seconds
     while not any(o[0].startswith("Step") and not o[0].startswith("Step 0/") for o in job.outputs()):
         assert time.monotonic() < deadline and not job.done(), job.outputs()[-1:] or job.status()
         time.sleep(0.2)
+
+
+def test_stop_ends_a_run_early(client):
+    job = client.submit(5000, 1e-3, 4, api_name="/train")
+    wait_for_a_step(job)
     assert client.predict(api_name="/stop").startswith("Stopping")
     status = job.result(timeout=60)[0]
     assert "Stopped at step" in status and "/5000" in status and not status.startswith("Step 5000/")

@@ -16,8 +16,9 @@ import pytest
 from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 
+from .app_fixtures import write_large_csv
 from .app_server import SERVER, app_url  # noqa: F401
-from .test_app_api import PRESET, chat, client, lab, plotly_data, still_works, table, text_of, train  # noqa: F401
+from .test_app_api import PRESET, chat, client, lab, plotly_data, still_works, table, text_of, train, wait_for_a_step  # noqa: F401
 
 
 def test_batch_100000_is_refused_with_the_allowed_range(client):
@@ -27,19 +28,11 @@ def test_batch_100000_is_refused_with_the_allowed_range(client):
 
 
 def test_a_large_csv_trains_at_once_and_stop_answers(client, tmp_path):
-    path = tmp_path / "large.csv"
-    with open(path, "w") as f:
-        f.write("prompt,completion\n")
-        for i in range(60_000):
-            word = "".join("abcdef"[(i >> (2 * k)) % 6] for k in range(4))
-            f.write(f"{word}=,{word[::-1]}\n")
+    path = write_large_csv(tmp_path / "large.csv", 60_000)
     note = client.predict(handle_file(str(path)), None, "prompt", "completion", "(none)", 0.0, api_name="/use_data")
     assert "60,000 training" in note
     job = client.submit(5000, 1e-3, 4, api_name="/train")
-    deadline = time.monotonic() + 60
-    while not any(o[0].startswith("Step") and not o[0].startswith("Step 0/") for o in job.outputs()):
-        assert time.monotonic() < deadline and not job.done(), job.outputs()[-1:] or job.status()
-        time.sleep(0.2)
+    wait_for_a_step(job)
     assert client.predict(api_name="/stop").startswith("Stopping")
     assert "Stopped at step" in job.result(timeout=60)[0]
     assert client.predict(api_name="/stop") == "Nothing is training."
@@ -113,12 +106,7 @@ def _answers(client, prompt: str) -> list[str]:
 
 
 def test_four_sessions_at_once(app_url, tmp_path):  # noqa: F811
-    big = tmp_path / "large.csv"
-    with open(big, "w") as f:
-        f.write("prompt,completion\n")
-        for i in range(100_000):
-            word = "".join("abcdef"[(i >> (2 * k)) % 6] for k in range(5))
-            f.write(f"{word}=,{word[::-1]}\n")
+    big = write_large_csv(tmp_path / "large.csv", 100_000, letters=5)
     trainers, chatters = [lab(app_url), lab(app_url)], [lab(app_url), lab(app_url)]
     prompts = ["abcd=", "fed="]
     solo = [_answers(c, p) for c, p in zip(chatters, prompts)]

@@ -8,7 +8,7 @@ from calm_core import CALMError
 from calm_core.lab import LabSession, ModelCache
 from calm_core.training import TrainConfig
 
-from .app_fixtures import write_tiny_preset
+from .app_fixtures import write_large_csv, write_tiny_preset
 
 
 @pytest.fixture(scope="module")
@@ -131,12 +131,7 @@ def test_lr_1e6_leaves_a_good_bridge_and_the_next_run_trains(lab):
 def test_a_large_csv_stays_arrow_columns_and_trains_without_preparing_every_row(lab, tmp_path):
     from calm_core.data import ArrowExamples
 
-    path = tmp_path / "large.csv"
-    with open(path, "w") as f:
-        f.write("prompt,completion\n")
-        for i in range(60_000):
-            word = "".join("abcdef"[(i >> (2 * k)) % 6] for k in range(4))
-            f.write(f"{word}=,{word[::-1]}\n")
+    path = write_large_csv(tmp_path / "large.csv", 60_000)
     session = lab(ModelCache())
     session.use_preset("tiny")
     splits = session.set_data(path, validation_fraction=0.01)

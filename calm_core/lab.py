@@ -69,22 +69,26 @@ class LabSession:
     # ---- models -------------------------------------------------------------------------------
 
     def build(self, anchor: str, augments: list[str], config: CALMConfig | None = None, bridge: str | Path | None = None,
-              dtype="auto", trust_remote_code: bool = False) -> ComposedLM:
+              dtype="auto", trust_remote_code: bool = False, adapters: list | None = None) -> ComposedLM:
         """Compose the named models (a new bridge, or a saved one). The previous composition stays
-        in place if anything fails. dtype "auto": bf16 on a GPU that supports it, else float32."""
+        in place if anything fails. dtype "auto": bf16 on a GPU that supports it, else float32.
+        adapters: per augmenting model, a LoRA folder merged into it, or None."""
         self._refuse_while_training("change the models")
         anchor, augments = str(anchor).strip(), [str(a).strip() for a in augments if str(a).strip()]
         if not anchor or not augments:
             raise CALMError("Choose an anchor model and at least one augmenting model.")
         dtype = default_dtype() if dtype == "auto" else dtype
-        pairs = [self.cache.get(n, dtype, trust_remote_code) for n in [anchor] + augments]
+        adapters = list(adapters or []) + [None] * (len(augments) - len(adapters or []))
+        pairs = [self.cache.get(anchor, dtype, trust_remote_code)] + [
+            self.cache.get(n, dtype, trust_remote_code, adapter=a) for n, a in zip(augments, adapters)]
         if bridge is not None:
             calm = ComposedLM.from_pretrained(bridge, anchor=pairs[0], augments=pairs[1:])
         else:
             calm = ComposedLM(pairs[0], pairs[1:], config or CALMConfig())
         preset = self.preset  # composing a preset's own folders by hand keeps its data sets and prompts
         same = preset is not None and [str(Path(n).resolve()) for n in [anchor] + augments] == [
-            str(Path(p).resolve()) for p in [preset.anchor] + preset.augments]
+            str(Path(p).resolve()) for p in [preset.anchor] + preset.augments] and [
+            str(a) if a else None for a in adapters] == [str(a) if a else None for a in preset.augment_adapters]
         self.calm, self.names, self._solo, self.run = calm, [anchor] + augments, {}, RunState()
         self.preset = preset if same else None
         return calm
@@ -92,7 +96,8 @@ class LabSession:
     def use_preset(self, name: str) -> Preset:
         """The preset's models (float32 everywhere, so its tables hold), bridge and data."""
         preset = load_preset(name)
-        self.build(str(preset.anchor), [str(p) for p in preset.augments], bridge=preset.bridge, dtype=None)
+        self.build(str(preset.anchor), [str(p) for p in preset.augments], bridge=preset.bridge, dtype=None,
+                   adapters=preset.augment_adapters)
         self.preset = preset
         self.splits = None
         if preset.train_file is not None:

@@ -30,9 +30,11 @@ class ModelCache:
     def __init__(self, max_models: int = 6):
         self.max_models, self._models, self._lock = max_models, OrderedDict(), threading.Lock()
 
-    def get(self, name: str, dtype=None, trust_remote_code: bool = False, device: str | None = None):
+    def get(self, name: str, dtype=None, trust_remote_code: bool = False, device: str | None = None,
+            adapter: str | Path | None = None):
+        """`adapter`: a LoRA folder merged into this copy of the model (cached apart from the plain model)."""
         device = device or default_device()
-        key = (str(name), str(dtype), trust_remote_code, device)
+        key = (str(name), str(dtype), trust_remote_code, device, str(adapter) if adapter else None)
         with self._lock:
             if key in self._models:
                 self._models.move_to_end(key)
@@ -40,6 +42,10 @@ class ModelCache:
             check_memory(str(name), dtype, device)
             try:
                 pair = load_causal_lm(str(name), dtype=dtype, trust_remote_code=trust_remote_code, device=device)
+                if adapter:
+                    from .adapters import merge_adapter
+
+                    pair = (merge_adapter(pair[0], adapter), pair[1])
             except (MemoryError, torch.OutOfMemoryError) as exc:
                 raise CALMError(f"{name} does not fit in this machine's memory; choose a smaller model.") from exc
             self._models[key] = pair

@@ -24,6 +24,41 @@ def test_world_is_seeded_balanced_and_invented():
     assert pre == f"{w.people[0].name} was born in" and val == f" {w.people[0].town}."
 
 
+def test_fact_phrasings_name_each_person():
+    """m_A's training sentences: every phrasing of every fact names its person (a template left unformatted,
+    '{x} was born in', teaches m_A nothing about anyone)."""
+    w = W.make_world(seed=0, entities=50)
+    facts = w.fact_phrasings(["town"])
+    assert len(facts) == 50 and all(len(f) == len(W.FACTS["town"]) for f in facts)
+    for person, phrasings in zip(w.people, facts):
+        for prefix, value in phrasings:
+            assert person.name in prefix and "{" not in prefix
+            assert value.strip().rstrip(".") == person.town
+
+
+def test_towns_can_start_with_distinct_tokens():
+    first_letters = lambda t: t[:2]  # a stand-in tokenizer: the first two letters are the first token
+    w = W.make_world(seed=0, entities=100, towns=40, first_token=[first_letters, lambda t: t[-2:]])
+    assert len({t[:2] for t in w.towns}) == 40 and len({t[-2:] for t in w.towns}) == 40
+    assert W.make_world(seed=0, entities=100, towns=40, first_token=[first_letters, lambda t: t[-2:]]).towns == w.towns
+
+
+def test_packed_rows_score_every_value_and_only_values():
+    from calm_core.tiny import char_tokenizer
+    from demos.real_knowledge import augment as A
+
+    tok = char_tokenizer(add_bos=True)
+    rows = [[("Ana Bel was born in", " Tovo."), ("Cid Dor comes from the town of", " Lume.")], ("Eve Fa was born in", " Tovo.")]
+    ids, mask, r, p, t = A._batch(tok, rows)
+    for row in range(len(rows)):
+        sentences = rows[row] if isinstance(rows[row], list) else [rows[row]]
+        seq = ids[row][mask[row].bool()].tolist()
+        targets = t[r == row].tolist()
+        assert p[r == row].max() < len(seq)
+        assert tok.decode(targets).replace(" ", "") == "".join(v.strip().rstrip(".") for _, v in sentences)
+        assert [seq[j + 1] for j in p[r == row].tolist()] == targets  # each target is the next token
+
+
 def test_split_covers_every_town_and_holds_people_out():
     w = W.make_world(seed=3, entities=500)
     parts = W.split(w, 0.2, 100, seed=3)

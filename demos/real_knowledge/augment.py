@@ -7,6 +7,7 @@ roughly halves a step. Recall is checked teacher-forced (every value token the a
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from pathlib import Path
@@ -20,23 +21,37 @@ def log(*a):
     print(time.strftime("%H:%M:%S"), *a, flush=True)
 
 
-def _batch(tok, pairs):
-    """Right-padded ids, attention mask and (row, position, target id) of every value token."""
-    rows, targets = [], []
-    for prefix, value in pairs:
-        pre = tok(prefix)["input_ids"]
-        full = tok(prefix + value.rstrip("."))["input_ids"]
-        rows.append(tok(prefix + value)["input_ids"])
-        targets.append((len(pre), len(full)))  # value tokens are full[len(pre):len(full)]
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), tok.pad_token_id)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
+def _spans(tok, sentences):
+    """Token ids of one row made of encyclopedia sentences (prefix, value) in a row, and the (start, end) token
+    span of every value: the row is cut after its last value token (nothing after it is scored)."""
+    text, spans = "", []
+    for prefix, value in sentences:
+        text += (" " if text else "") + prefix
+        start = len(tok(text)["input_ids"])
+        text += value
+        spans.append((start, len(tok(text.rstrip("."))["input_ids"])))
+    ids = tok(text)["input_ids"]
+    return ids[:spans[-1][1]], spans
+
+
+def _batch(tok, rows):
+    """Right-padded ids, attention mask and (row, position, target id) of every value token; each row is a
+    list of sentences (prefix, value) or a single one."""
+    seqs, targets = [], []
+    for row in rows:
+        ids, spans = _spans(tok, [row] if isinstance(row[0], str) else row)
+        seqs.append(ids)
+        targets.append(spans)
+    width = max(map(len, seqs))
+    ids = torch.full((len(seqs), width), tok.pad_token_id)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
     r_idx, p_idx, t_idx = [], [], []
-    for i, (row, (a, b)) in enumerate(zip(rows, targets)):
+    for i, (row, spans) in enumerate(zip(seqs, targets)):
         ids[i, :len(row)] = torch.tensor(row)
         mask[i, :len(row)] = 1
-        for j in range(a, b):
-            r_idx.append(i); p_idx.append(j - 1); t_idx.append(row[j])
+        for a, b in spans:
+            for j in range(a, b):
+                r_idx.append(i); p_idx.append(j - 1); t_idx.append(row[j])
     return ids, mask, torch.tensor(r_idx), torch.tensor(p_idx), torch.tensor(t_idx)
 
 
@@ -69,9 +84,11 @@ def recall(model, tok, pairs, batch_size: int = 32) -> float:
 
 def train_lora(model, tok, facts, probe, *, rank=16, alpha=32, lr=2e-3, batch_size=32, max_epochs=20,
                max_minutes=30.0, target_recall=99.0, seed=0, log_path: Path | None = None, save_dir: Path | None = None,
-               resume: Path | None = None):
+               resume: Path | None = None, pack: int = 1, bf16: bool = False):
     """Train a LoRA adapter on encyclopedia sentences: `facts` is a list of facts, each a list of its phrasings
-    as (prefix, value) pairs; every epoch shows each fact once, in one of its phrasings (in turn).
+    as (prefix, value) pairs; every epoch shows each fact once, in one of its phrasings (in turn), `pack`
+    sentences to a row (so that m_A also recalls a fact after other text, as in a chat prompt); `batch_size`
+    counts sentences. `bf16`: autocast the forward pass (AMX CPUs: about 1.4x faster a step).
     Stops at `target_recall` % teacher-forced recall on `probe`, or after max_epochs / max_minutes; the
     adapter is saved to save_dir after every epoch (so a stopped run keeps its last epoch)."""
     if resume is not None:  # continue an adapter saved by an earlier run
@@ -82,18 +99,22 @@ def train_lora(model, tok, facts, probe, *, rank=16, alpha=32, lr=2e-3, batch_si
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
-    steps_per_epoch = (len(facts) + batch_size - 1) // batch_size
+    rows_per_batch = max(1, batch_size // pack)
+    steps_per_epoch = math.ceil(math.ceil(len(facts) / pack) / rows_per_batch)
     total = steps_per_epoch * max_epochs
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / total))
     start, history, step = time.perf_counter(), [], 0
     for epoch in range(max_epochs):
         order = [phrasings[(epoch + k) % len(phrasings)] for k, phrasings in enumerate(facts)]
         rng.shuffle(order)
+        rows = [order[i:i + pack] for i in range(0, len(order), pack)]
         model.train()
         losses = []
-        for i in range(0, len(order), batch_size):
-            ids, mask, r, p, t = _batch(tok, order[i:i + batch_size])
-            loss = torch.nn.functional.cross_entropy(_value_logits(model, ids, mask, r, p), t)
+        for i in range(0, len(rows), rows_per_batch):
+            ids, mask, r, p, t = _batch(tok, rows[i:i + rows_per_batch])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                logits = _value_logits(model, ids, mask, r, p)
+            loss = torch.nn.functional.cross_entropy(logits.float(), t)
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)

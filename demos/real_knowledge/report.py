@@ -7,9 +7,10 @@ from pathlib import Path
 PROTOCOL = ("Knowledge of a made-up world (invented people, each with a home town among invented towns) that only "
             "m_A has: m_A = Gemma 3 270M (base) + a LoRA adapter trained on encyclopedia sentences only; anchor = "
             "SmolLM2-135M-Instruct, frozen, never shown the world, asked in its own chat template. The bridge is "
-            "trained on questions about 20% of the people (answer = the town alone); scored by exact match on the "
-            "town (first line of the answer, spaces and a final full stop removed), greedy decoding, on questions about "
-            "held-out people who appear in no composition data.")
+            "trained on questions about 20% of the people (answer = the town alone) and on general questions answered "
+            "by the anchor itself (rehearsal); early stopping and every setting were chosen on development people. "
+            "Scored by exact match on the town (first line of the answer, spaces and a final full stop removed), "
+            "greedy decoding, on questions about held-out test people who appear in no composition data.")
 
 COLUMN_NOTES = {
     "CALM": "anchor + m_A through the trained bridge",
@@ -17,8 +18,10 @@ COLUMN_NOTES = {
     "m_A alone (chat question)": "Gemma + adapter given the anchor's chat prompt as plain text",
     "m_A alone (best prompt)": "Gemma + adapter completing its own encyclopedia phrasing 'X was born in' "
                                "(the knowledge m_A holds; not the task as asked)",
-    "anchor + LoRA (composition data)": "SmolLM2 + LoRA trained on the composition data, same steps and batch",
-    "CALM with untrained m_A": "plain Gemma (never saw the world) composed and trained the same way",
+    "anchor + LoRA (composition data)": "SmolLM2 + LoRA trained on the same composition data (questions and "
+                                        "rehearsal), as many steps as the bridge ran, same batch",
+    "CALM with untrained m_A": "plain Gemma (never saw the world) composed and trained the same way, "
+                               "early stopping included",
 }
 
 DEPARTURES = [
@@ -27,7 +30,13 @@ DEPARTURES = [
     "only (no arithmetic), so no paper number is comparable.",
     "The questions hold the phrase that elicits the fact from m_A (e.g. 'X was born in which town?'), so that m_A "
     "computes the town in the text the bridge reads; m_A's encyclopedia uses the same phrase.",
-    "m_A was trained with the loss on the value tokens only (the encyclopedia sentence's name and phrasing given).",
+    "Every town starts with a token of its own in both tokenizers (the world is drawn so), so the bridge carries "
+    "one choice among the towns, not a spelling.",
+    "m_A was trained with the loss on the value tokens only (the encyclopedia sentence's name and phrasing given), "
+    "two sentences to a row.",
+    "The composition data adds general questions with the anchor's own greedy answers (rehearsal; none of them is "
+    "an evaluation prompt), so that the bridge learns to leave the anchor alone where m_A has nothing to add; the "
+    "paper's composition data is the task's alone.",
 ]
 
 
@@ -49,12 +58,20 @@ def markdown(result: dict) -> str:
     if hist:
         last = hist[-1]
         lines += ["", f"m_A (Gemma 3 270M + LoRA): {last['epoch']} epochs over the encyclopedia in "
-                  f"{last['minutes']:.1f} min (wall, shared CPU), teacher-forced recall of the town "
+                  f"{last['minutes']:.1f} min (wall, 2 CPU cores), teacher-forced recall of the town "
                   f"{last['recall']:.1f}% ('X was born in' -> town, sampled people), value-token loss {last['loss']:.2f}."]
+    b = result.get("bridge") or {}
+    if b.get("checks"):
+        lines += ["", f"Bridge: {b.get('bridge_parameters', 0) / 1e6:.1f}M parameters; kept the check at step "
+                  f"{b['best_step']} of {b['steps_run']} run (development exact match {b['best_dev_exact']:.1f}%; "
+                  "checks: " + ", ".join(f"{c['step']}: {c['dev_exact']:.0f}%" for c in b["checks"]) + ")."]
+    for name, forms in (result.get("by_form") or {}).items():
+        lines += ["", f"{name} on held-out people, by question form: " +
+                  "; ".join(f"'{f.format(x='X')}' {v:.1f}%" for f, v in forms.items())]
     lines += ["", f"General prompts ({g['prompts']}): perplexity of written answers {g['perplexity_on']:.2f} with the "
               f"bridge on, {g['perplexity_off']:.2f} off (ratio {g['ratio']:.3f}); {g['identical_answers']} of "
               f"{g['prompts']} greedy answers identical.", "",
-              "Times (s, 2 shared CPU cores, inflated by other jobs): " + ", ".join(f"{k} {v:.0f}" for k, v in t.items()),
+              "Times (s, wall, 2 CPU cores): " + ", ".join(f"{k} {v:.0f}" for k, v in t.items()),
               "", "Columns: " + "; ".join(f"**{k}**: {v}" for k, v in COLUMN_NOTES.items() if k in cols), "",
               "Protocol: " + PROTOCOL, "", "Departures from the paper: " + " ".join(DEPARTURES)]
     return "\n".join(lines) + "\n"
@@ -67,6 +84,7 @@ def write(out: Path, result: dict, settings=None) -> None:
             "answer_formats": {"question": "chat template, user turn = the question",
                                "answer": "the town alone, then <|im_end|>"},
             "counts": result.get("counts"), "settings": result.get("settings"),
-            "augment": result.get("augment"), "bridge": result.get("bridge"), "controls": result.get("controls")}
+            "augment": result.get("augment"), "bridge": result.get("bridge"), "controls": result.get("controls"),
+            "by_form": result.get("by_form")}
     (out / "table.json").write_text(json.dumps(data, indent=1))
     (out / "table.md").write_text(markdown(result))

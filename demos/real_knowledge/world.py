@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Callable
 
 ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kr", "tr", "th", "st"]
 VOWELS = ["a", "e", "i", "o", "u", "ai", "ei", "ou"]
@@ -66,6 +67,12 @@ class World:
         return [(pre.rstrip(), " " + person.value(a) + post)
                 for person in (people or self.people) for a, pre, post in self.facts(person)]
 
+    def fact_phrasings(self, attributes=ATTRIBUTES) -> list[list[tuple[str, str]]]:
+        """m_A's training data: one entry per (person, attribute), the list of its phrasings as
+        (prefix, " value" + suffix), e.g. ("Numurk Veibol was born in", " Daikroze.")."""
+        return [[(pre.format(x=p.name).rstrip(), " " + p.value(a) + post) for pre, post in FACTS[a]]
+                for p in self.people for a in attributes]
+
     def questions(self, person: Person, attribute: str) -> list[str]:
         return [q.format(x=person.name) for q in QUESTIONS[attribute]]
 
@@ -74,13 +81,24 @@ class World:
                 "people": [vars(p) for p in self.people]}
 
 
-def make_world(seed: int = 0, entities: int = 500, towns: int = 40, trades: int = 24) -> World:
+def make_world(seed: int = 0, entities: int = 500, towns: int = 40, trades: int = 24,
+               first_token: list[Callable[[str], str]] = ()) -> World:
+    """`first_token`: functions giving a town's first token in each model's tokenizer; every town then starts
+    with a token of its own in each (a model that has the first token right has the town, and the bridge
+    carries one choice among `towns`, not a spelling)."""
     rng = random.Random(f"real-knowledge-world-{seed}")
     town_names: list[str] = []
+    firsts: list[set[str]] = [set() for _ in first_token]
     while len(town_names) < towns:
         w = _word(rng, rng.choice([2, 3]))
-        if w not in town_names and 5 <= len(w) <= 10:
-            town_names.append(w)
+        if w in town_names or not 5 <= len(w) <= 10:
+            continue
+        keys = [f(w) for f in first_token]
+        if any(k in seen for k, seen in zip(keys, firsts)):
+            continue
+        for k, seen in zip(keys, firsts):
+            seen.add(k)
+        town_names.append(w)
     trade_names = TRADES[:trades]
     used = set(town_names)
     names: list[str] = []

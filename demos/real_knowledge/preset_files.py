@@ -1,0 +1,70 @@
+"""The files a run writes beside its table: the data sets, the world with its splits, and preset.json (the app's
+real-knowledge preset: the real pair by key, m_A's adapter and the bridge as files here)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import world as W
+from .scoring import write_jsonl
+
+PAIR_ROWS = ("prompt", "completion")
+
+
+def write_data(out: Path, s, data: dict) -> None:
+    """world.json (every person, their values and their split) and data/*.jsonl."""
+    split_of = {p.name: name for name, people in data["parts"].items() for p in people}
+    world = data["world"].to_dict()
+    for person in world["people"]:
+        person["split"] = split_of[person["name"]]
+    world.update(attributes=list(s.attributes), question_forms={a: W.QUESTIONS[a] for a in s.attributes},
+                 encyclopedia_phrasings={a: [pre + "{value}" + post for pre, post in W.FACTS[a]] for a in s.attributes},
+                 splits={"compose": "questions about them trained the bridge", "dev": "chose the settings and "
+                         "the early stopping", "test": "held out: in no composition data, reported"})
+    (out / "world.json").write_text(json.dumps(world, indent=1))
+    d = out / "data"
+    (d / "encyclopedia.txt").parent.mkdir(parents=True, exist_ok=True)
+    (d / "encyclopedia.txt").write_text("".join(f"{pre}{val}\n" for phr in data["facts"] for pre, val in phr))
+    write_jsonl(d / "composition_train.jsonl", data["compose"], PAIR_ROWS)
+    write_jsonl(d / "composition_validation.jsonl", data["dev"], PAIR_ROWS)
+    write_jsonl(d / "eval_heldout.jsonl", data["test"], PAIR_ROWS)
+    write_jsonl(d / "eval_general.jsonl", data["general"], PAIR_ROWS)
+    write_jsonl(d / "rehearsal.jsonl", data["rehearsal"], ("question",) + PAIR_ROWS)
+
+
+def write_preset_json(out: Path, result: dict, s, data: dict) -> None:
+    row = result["table"]["exact match %, held-out entities"]
+    cells = ", ".join(f"{k} {v:.1f}" for k, v in row.items())
+    g = result["general"]
+    forms = W.QUESTIONS[s.attributes[0]]
+    meta = {
+        "name": "real_knowledge",
+        "title": "A made-up world that only m_A knows, used by a frozen real chat model (SmolLM2 + Gemma 3)",
+        "description": (
+            f"m_A = Gemma 3 270M + a LoRA adapter trained only on encyclopedia sentences about {s.entities} invented "
+            f"people and their home towns ({s.towns} invented towns). The anchor = SmolLM2-135M-Instruct, frozen, never "
+            f"shown the world. The bridge was trained on questions about {len(data['parts']['compose'])} people (20%) "
+            f"and on general questions answered by the anchor itself; ask about the others in one of the trained "
+            f"forms ({'; '.join(f.format(x='NAME') for f in forms)}): world.json lists every person, their town and "
+            f"split. Exact match on the town, held-out people: {cells}. General prompts: perplexity "
+            f"{g['perplexity_on']:.2f} with the bridge, {g['perplexity_off']:.2f} without."),
+        "example_prompts": [r["question"] for r in data["test"][:4]],
+        "question_forms": {a: W.QUESTIONS[a] for a in s.attributes},
+        "prompt_mode": "chat",
+        "anchor_model": "real_pair:smollm2",
+        "augment_model": "real_pair:gemma",
+        "augment_adapter": "adapter",
+        "bridge": "bridge",
+        "calm_config": s.calm_config().to_dict(),
+        "max_new_tokens": s.max_new_tokens,
+        "eval_max_new_tokens": s.max_new_tokens,
+        "metrics": ["exact_match", "loss"],
+        "eval_files": {"held-out people": "data/eval_heldout.jsonl", "general prompts": "data/eval_general.jsonl"},
+        "eval_table_rows": {"held-out people": {"exact_match": "exact match %, held-out entities"}},
+        "train_file": "data/composition_train.jsonl",
+        "validation_file": "data/composition_validation.jsonl",
+        "table": result["table"],
+        "times_s": result["times_s"],
+        "settings": result["settings"],
+    }
+    (out / "preset.json").write_text(json.dumps(meta, indent=1))

@@ -1,0 +1,58 @@
+"""How the table scores: exact match on the attribute (greedy, batched), and the anchor's general prompts with
+the bridge on and off."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from calm_core.data import Example
+from calm_core.evaluation import lm_loss, predictions
+
+
+def answer(text: str) -> str:
+    """The answer as scored: first line, spaces and a final full stop removed."""
+    return text.strip().split("\n")[0].strip().rstrip(".").strip()
+
+
+def completion_answer(text: str) -> str:
+    """m_A's continuation of "X was born in": up to the first full stop, comma or line break."""
+    for stop in ".,\n":
+        text = text.split(stop)[0]
+    return text.strip()
+
+
+def chat(tok, question: str) -> str:
+    """The anchor's own chat format (SmolLM2's template with its default system line), ready for the answer."""
+    return tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
+
+
+def examples(rows) -> list[Example]:
+    return [Example(r["prompt"], r["completion"]) for r in rows]
+
+
+def write_jsonl(path: Path, rows, keys=None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({k: r[k] for k in (keys or r)}) + "\n" for r in rows))
+
+
+def exact(calm, rows, s, extract=answer) -> tuple[float, list[str]]:
+    """(% exact match, the raw outputs) of greedy answers to rows' prompts."""
+    preds = predictions(calm, examples(rows), max_new_tokens=s.max_new_tokens)
+    right = [extract(p) == r["completion"] for p, r in zip(preds, rows)]
+    return 100.0 * sum(right) / max(1, len(rows)), preds
+
+
+def general_check(calm, rows, s) -> dict:
+    """The anchor's other abilities: perplexity of written answers to general prompts, and greedy answers, with
+    the bridge on and off (gate scale 0 is exactly the anchor)."""
+    ex = examples(rows)
+    on = lm_loss(calm, ex)
+    with calm.gate_scale(0.0):
+        off = lm_loss(calm, ex)
+        answers_off = predictions(calm, ex, max_new_tokens=s.general_new_tokens)
+    answers_on = predictions(calm, ex, max_new_tokens=s.general_new_tokens)
+    return {"perplexity_on": on["perplexity"], "perplexity_off": off["perplexity"],
+            "ratio": on["perplexity"] / off["perplexity"],
+            "identical_answers": sum(a == b for a, b in zip(answers_on, answers_off)), "prompts": len(rows),
+            "answers": [{"question": r["question"], "bridge_on": a, "bridge_off": b}
+                        for r, a, b in zip(rows, answers_on, answers_off)]}

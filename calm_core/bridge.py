@@ -21,7 +21,7 @@ class GatedCrossAttention(nn.Module):
     """Anchor layer j attends to the projected states of augmenting layer i."""
 
     def __init__(self, augment_width: int, anchor_width: int, num_heads: int, gate: str = "channel", norm: bool = True,
-                 recency: int = 0, null_slot: bool = False, window: int = 0):
+                 recency: int = 0, null_slot: bool = False, window: int = 0, relative: bool = False):
         super().__init__()
         if anchor_width % num_heads:
             raise CALMError(f"{num_heads} cross-attention heads do not divide the anchor width {anchor_width}.")
@@ -35,6 +35,7 @@ class GatedCrossAttention(nn.Module):
         self.o = nn.Linear(anchor_width, anchor_width, bias=False)  # W^O
         self.gate_type = gate
         self.window = window  # 0: every visible augmenting state; W: only the W newest of them
+        self.relative = relative  # the output is in units of the anchor state's RMS at its position
         # Gaussian noise on the augmenting states, std relative to each state's RMS: set only while the
         # bridge trains (noisy_augment_states), never at inference
         self.augment_noise, self.noise_generator = 0.0, None
@@ -102,6 +103,8 @@ class GatedCrossAttention(nn.Module):
         B, H, T, D = out.shape
         out = self.o(out.transpose(1, 2).reshape(B, T, H * D))
         out = out * visible.any(-1, keepdim=True)
+        if self.relative:  # deep layers of real models have residual streams 10-100x larger than the first
+            out = out * anchor_states.to(out.dtype).pow(2).mean(-1, keepdim=True).sqrt()
         if self.gate is not None:
             out = out * torch.tanh(self.gate)
         return (out * scale).to(dtype)
@@ -129,11 +132,12 @@ class AugmentBridge(nn.Module):
     """The composition blocks between the anchor and one augmenting model."""
 
     def __init__(self, pairs: list[tuple[int, int]], augment_width: int, anchor_width: int, num_heads: int,
-                 gate: str, norm: bool, recency: int = 0, null_slot: bool = False, window: int = 0):
+                 gate: str, norm: bool, recency: int = 0, null_slot: bool = False, window: int = 0,
+                 relative: bool = False):
         super().__init__()
         self.pairs = [tuple(p) for p in pairs]  # (anchor layer, augmenting layer), 0-based
         self.blocks = nn.ModuleList(
-            GatedCrossAttention(augment_width, anchor_width, num_heads, gate, norm, recency, null_slot, window)
+            GatedCrossAttention(augment_width, anchor_width, num_heads, gate, norm, recency, null_slot, window, relative)
             for _ in pairs
         )
 

@@ -37,6 +37,9 @@ def _add_bridge_shape(p: argparse.ArgumentParser) -> None:
                    help="a learned null key (zero value) in the cross-attention: the bridge may write nothing")
     p.add_argument("--window", type=int, default=0,
                    help="each anchor token attends only to the N newest augmenting states (0: all visible)")
+    p.add_argument("--relative", action="store_true",
+                   help="each block writes in units of the anchor stream's RMS where it writes (real models' upper "
+                        "layers run 10-100x larger than their lower ones)")
 
 
 def _int_list(text: str) -> list[int]:
@@ -130,7 +133,8 @@ def _parse(argv) -> argparse.Namespace:
 def _calm_config(args) -> CALMConfig:
     return CALMConfig(every=args.every, anchor_layers=args.anchor_layers, augment_layers=args.augment_layers,
                       num_heads=args.heads, gate=args.gate, insert=args.insert,
-                      recency=args.recency, null_slot=args.null_slot, window=args.window)
+                      recency=args.recency, null_slot=args.null_slot, window=args.window,
+                      relative=args.relative)
 
 
 def _dtype(name):

@@ -16,7 +16,7 @@ from .alignment import Encoding
 from .bridge import AugmentBridge, Bridge
 from .config import CALMConfig
 from .errors import CALMError
-from .models import ModelInfo, decoder_layers, describe, device_of, freeze, load_causal_lm, model_lock
+from .models import ModelInfo, decoder_layers, describe, device_of, final_norm, freeze, load_causal_lm, model_lock
 
 
 @dataclass
@@ -91,7 +91,7 @@ class ComposedLM:
             AugmentBridge(
                 self.config.layer_pairs(self.anchor.info.num_layers, m.info.num_layers),
                 m.info.width, self.anchor.info.width, heads, self.config.gate, self.config.norm,
-                self.config.recency, self.config.null_slot, self.config.window,
+                self.config.recency, self.config.null_slot, self.config.window, self.config.relative,
             )
             for m in self.augments
         ]).to(device_of(self.anchor.model))
@@ -177,7 +177,8 @@ class ComposedLM:
 
         device = device_of(member.model)
         with model_lock(member.model), torch.no_grad():
-            handles = [member.layers[i].register_forward_hook(capture(i), prepend=True) for i in sorted(set(wanted))]
+            handles = [(member.layers[i] if i < len(member.layers) else final_norm(member.model)).register_forward_hook(
+                capture(i), prepend=True) for i in sorted(set(wanted))]
             try:
                 member.model(
                     input_ids=input_ids.to(device),

@@ -17,7 +17,10 @@ class CALMConfig:
                     many anchor layers spread evenly over the anchor's depth, the last included.
     anchor_layers:  explicit 0-based anchor layer indices (negative counts from the end).
     augment_layers: explicit 0-based augmenting layer indices; with only one of the two lists
-                    given, the other side is spread evenly.
+                    given, the other side is spread evenly. The index one past the last layer (the
+                    model's depth) is its final hidden state after its final norm: what its output layer
+                    reads. Models such as Gemma carry huge constant activations in a few channels of
+                    every inner layer, which swamp the rest under any norm; the final state has none.
     num_heads:      cross-attention heads; None uses the anchor's own head count.
     gate:           "channel" (one tanh gate per anchor channel, starts at 0), "scalar" (one per
                     layer, starts at 0) or "none" (the paper's plain residual add).
@@ -32,6 +35,10 @@ class CALMConfig:
     null_slot:      a learned key per head with a zero value, visible from every position: attending to it
                     writes nothing, so a bridge can leave the positions where it has nothing to add alone
                     (softmax attention otherwise always writes some mix of augmenting states).
+    relative:       scale each block's output by the RMS of the anchor state it is added to, so that the
+                    bridge writes in units of the residual stream where it writes: the upper layers of
+                    real models run 10-100x larger than the lower ones, and a bridge written in absolute
+                    units needs thousands of steps to grow enough to change them.
     window:         0, or how many of the newest visible augmenting states each anchor token may attend to
                     (1: only the one aligned with it). A narrow window keeps a bridge trained on few
                     examples from keying on whole contexts (memorising them) instead of the aligned state.
@@ -47,12 +54,15 @@ class CALMConfig:
     recency: int = 0
     null_slot: bool = False
     window: int = 0
+    relative: bool = False
 
     def __post_init__(self):
         if not isinstance(self.recency, int) or self.recency < 0:
             raise CALMError(f"CALMConfig.recency must be a non-negative integer, got {self.recency!r}.")
         if not isinstance(self.window, int) or self.window < 0:
             raise CALMError(f"CALMConfig.window must be a non-negative integer, got {self.window!r}.")
+        if not isinstance(self.relative, bool):
+            raise CALMError(f"CALMConfig.relative must be True or False, got {self.relative!r}.")
         if not isinstance(self.null_slot, bool):
             raise CALMError(f"CALMConfig.null_slot must be True or False, got {self.null_slot!r}.")
         if self.insert not in INSERT_POINTS:
@@ -121,10 +131,11 @@ def spread(depth: int, n: int) -> list[int]:
 
 
 def _normalise(layers: list[int], depth: int, name: str) -> list[int]:
-    out = []
+    """0-based indices; an augmenting model also has index `depth`: its final hidden state, after its final norm."""
+    out, top = [], depth + (name == "augment_layers")
     for i in layers:
         j = i + depth if i < 0 else i
-        if not 0 <= j < depth:
+        if not 0 <= j < top:
             raise CALMError(f"CALMConfig.{name} has layer {i}, outside a {depth}-layer model.")
         out.append(j)
     return out

@@ -69,6 +69,24 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     )
 
 
+# The norm after the last decoder block (what the output layer reads), by architecture family.
+KNOWN_FINAL_NORMS = ("model.norm", "model.final_layernorm", "transformer.ln_f", "gpt_neox.final_layer_norm", "model.decoder.final_layer_norm",
+                     "transformer.norm_f", "model.language_model.norm", "language_model.model.norm")
+
+
+def final_norm(model: nn.Module) -> nn.Module:
+    """The module whose output is the model's final hidden state (transformers' hidden_states[-1])."""
+    for path in KNOWN_FINAL_NORMS:
+        module = model
+        for part in path.split("."):
+            module = getattr(module, part, None)
+            if module is None:
+                break
+        if isinstance(module, nn.Module):
+            return module
+    raise ModelLoadError(f"Cannot find the final norm of a {type(model).__name__}; known: {', '.join(KNOWN_FINAL_NORMS)}.")
+
+
 def describe(model: nn.Module) -> ModelInfo:
     config = _text_config(model)
     width = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)

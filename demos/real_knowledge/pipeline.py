@@ -67,6 +67,7 @@ class Settings:
     window: int = 0
     null_slot: bool = True
     recency: int = 0
+    relative: bool = True
     compose_steps: int = 400
     compose_batch: int = 16
     compose_lr: float = 1e-3
@@ -97,7 +98,7 @@ class Settings:
     def calm_config(self) -> CALMConfig:
         return CALMConfig(every=self.every, anchor_layers=self.anchor_layers, augment_layers=self.augment_layers,
                           num_heads=self.num_heads, gate=self.gate, window=self.window, null_slot=self.null_slot,
-                          recency=self.recency)
+                          recency=self.recency, relative=self.relative)
 
 
 # ---- 1. the world and the data --------------------------------------------------------------

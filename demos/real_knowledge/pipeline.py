@@ -4,6 +4,8 @@
     python -m demos.real_knowledge --seed 1 --out DIR      # a fresh world, run once with the settings frozen
     python -m demos.real_knowledge --smoke --out /tmp/rk   # the whole pipeline at a tiny size (tests)
     python -m demos.real_knowledge --reuse-augment DIR/adapter ...   # skip m_A's training
+    python -m demos.real_knowledge --reuse-augment DIR/adapter --reuse-bridge DIR ...   # and the bridge's (its
+                                                                 # training record comes from DIR/table.json)
 
 Anchor (frozen, never sees the world): SmolLM2-135M-Instruct, a chat model, asked in its own chat template.
 m_A: Gemma 3 270M (base) + a LoRA adapter trained on the world's encyclopedia sentences only.
@@ -37,7 +39,7 @@ from .scoring import answer, chat, completion_answer, examples, exact, general_c
 @dataclass
 class Settings:
     seed: int = 0
-    entities: int = 500
+    entities: int = 1000  # 500 left 100 composition people, 2-3 per town: the bridge memorised them
     towns: int = 40
     attributes: list[str] = field(default_factory=lambda: ["town"])
     compose_fraction: float = 0.2
@@ -60,23 +62,25 @@ class Settings:
     rehearsal_new_tokens: int = 40
     # the bridge
     every: int = 6
-    anchor_layers: list[int] | None = field(default_factory=lambda: [17, 21, 25, 29])
-    augment_layers: list[int] | None = field(default_factory=lambda: [11, 13, 15, 17])
+    anchor_layers: list[int] | None = field(default_factory=lambda: [20, 23, 26, 29])
+    # 18 = Gemma's final hidden state (after its final norm): its inner layers carry channels 100x the rest
+    augment_layers: list[int] | None = field(default_factory=lambda: [18, 18, 18, 18])
     num_heads: int | None = None
     gate: str = "channel"
+    insert: str = "after"
     window: int = 0
     null_slot: bool = True
-    recency: int = 0
+    recency: int = 32  # the fact's phrase sits 15-18 m_A tokens before the answer
     relative: bool = True
-    compose_steps: int = 400
+    compose_steps: int = 600
     compose_batch: int = 16
-    compose_lr: float = 1e-3
+    compose_lr: float = 2e-3
     compose_bf16: bool = True  # autocast the bridge's training steps (AMX CPUs: about 1.4x faster)
     gate_lr_scale: float = 5.0
-    augment_noise: float = 0.3
-    check_every: int = 50  # steps between checks on the development people (early stopping)
-    check_dev: int = 100
-    patience: int = 3
+    augment_noise: float = 0.05
+    check_every: int = 60  # steps between checks on the development people (early stopping)
+    check_dev: int = 60
+    patience: int = 4
     # control: the anchor + LoRA on the composition data (same steps and batch as the bridge)
     finetune_rank: int = 16
     finetune_lr: float = 1e-3
@@ -86,18 +90,19 @@ class Settings:
     general_prompts: int = 16
     threads: int = 2
     reuse_augment: str | None = None
+    reuse_bridge: str | None = None  # a run folder whose bridge/ and table.json (training record) are reused
     controls: bool = True
 
     @classmethod
     def smoke(cls) -> "Settings":
         return cls(entities=10, towns=4, dev=2, eval_test=4, eval_dev=2, eval_seen=2, augment_batch=10,
-                   augment_epochs=1, target_recall=101.0, lora_rank=4, anchor_layers=[28], augment_layers=[17],
+                   augment_epochs=1, target_recall=101.0, lora_rank=4, anchor_layers=[28], augment_layers=[18],
                    rehearsal=2, rehearsal_new_tokens=4, compose_steps=2, check_every=1, check_dev=2, compose_batch=4,
                    max_new_tokens=2, general_new_tokens=2, general_prompts=2, finetune_rank=4)
 
     def calm_config(self) -> CALMConfig:
         return CALMConfig(every=self.every, anchor_layers=self.anchor_layers, augment_layers=self.augment_layers,
-                          num_heads=self.num_heads, gate=self.gate, window=self.window, null_slot=self.null_slot,
+                          num_heads=self.num_heads, gate=self.gate, insert=self.insert, window=self.window, null_slot=self.null_slot,
                           recency=self.recency, relative=self.relative)
 
 
@@ -218,7 +223,14 @@ def run(s: Settings, out: Path) -> dict:
     times["augment_train_s"] = time.perf_counter() - t
     m_a = load_augment(out / "adapter", pair["gemma"])
 
-    calm, bridge_info = train_bridge(s, anchor, m_a, data)
+    if s.reuse_bridge:
+        from calm_core import ComposedLM
+
+        earlier = json.loads((Path(s.reuse_bridge) / "table.json").read_text())
+        calm = ComposedLM.from_pretrained(Path(s.reuse_bridge) / "bridge", anchor=anchor, augments=[m_a])
+        bridge_info = dict(earlier["bridge"], seconds=earlier["times_s"]["bridge_train_s"], reused=s.reuse_bridge)
+    else:
+        calm, bridge_info = train_bridge(s, anchor, m_a, data)
     times["bridge_train_s"] = bridge_info["seconds"]
     calm.save_pretrained(out / "bridge")
 
@@ -288,6 +300,7 @@ def main(argv=None) -> None:
     ap.add_argument("--set", nargs="*", default=[], help="Settings fields as name=json_value")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--reuse-augment", default=None)
+    ap.add_argument("--reuse-bridge", default=None)
     ap.add_argument("--no-controls", action="store_true")
     args = ap.parse_args(argv)
     s = Settings.smoke() if args.smoke else Settings()
@@ -298,6 +311,8 @@ def main(argv=None) -> None:
         s.seed = args.seed
     if args.reuse_augment:
         s.reuse_augment = args.reuse_augment
+    if args.reuse_bridge:
+        s.reuse_bridge = args.reuse_bridge
     if args.no_controls:
         s.controls = False
     out = Path(args.out or f"runs/real_knowledge/seed{s.seed}")

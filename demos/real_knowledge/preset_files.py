@@ -68,3 +68,55 @@ def write_preset_json(out: Path, result: dict, s, data: dict) -> None:
         "settings": result["settings"],
     }
     (out / "preset.json").write_text(json.dumps(meta, indent=1))
+
+
+def ship(run: Path, preset: Path, check: int = 100) -> dict:
+    """Copy a run into the app's preset folder with m_A's adapter and the bridge in bf16 (half the megabytes),
+    then ask the shipped composition `check` held-out questions and record its exact match beside the run's."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    run, preset = Path(run), Path(preset)
+    if preset.exists():
+        shutil.rmtree(preset)
+    preset.mkdir(parents=True)
+    for name in ("preset.json", "world.json", "table.json", "table.md"):
+        shutil.copy2(run / name, preset / name)
+    shutil.copytree(run / "data", preset / "data")
+    for sub, weights in (("adapter", "adapter_model.safetensors"), ("bridge", "bridge.safetensors")):
+        shutil.copytree(run / sub, preset / sub, ignore=shutil.ignore_patterns("*.safetensors", "README.md"))
+        tensors = load_file(str(run / sub / weights))
+        save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in tensors.items()},
+                  str(preset / sub / weights), metadata={"format": "pt"})
+    from calm_core.lab import LabSession, ModelCache
+    from calm_core.presets import load_preset
+
+    from .pipeline import Settings
+    from .scoring import exact
+
+    if preset.parent.resolve() != _presets_dir():
+        raise SystemExit(f"{preset} is not under the app's presets folder {_presets_dir()}")
+    session = LabSession(ModelCache())
+    session.use_preset(preset.name)
+    rows = [json.loads(x) for x in (preset / "data" / "eval_heldout.jsonl").read_text().splitlines()][:check]
+    score, _ = exact(session.calm, rows, Settings())
+    meta = json.loads((preset / "preset.json").read_text())
+    meta["shipped_check"] = {"held_out_questions": len(rows), "exact_match": score,
+                             "note": "the shipped files (adapter and bridge in bf16), loaded as the app loads them"}
+    (preset / "preset.json").write_text(json.dumps(meta, indent=1))
+    load_preset(preset.name)  # it loads
+    return meta["shipped_check"]
+
+
+def _presets_dir() -> Path:
+    from calm_core.presets import PRESETS_DIR
+
+    return Path(PRESETS_DIR).resolve()
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(ship(Path(sys.argv[1]), Path(sys.argv[2])))

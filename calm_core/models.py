@@ -41,14 +41,20 @@ def _text_config(model: nn.Module):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
+def _at(model: nn.Module, path: str):
+    """model.a.b.c for path "a.b.c", or None where a part is missing."""
+    module = model
+    for part in path.split("."):
+        module = getattr(module, part, None)
+        if module is None:
+            return None
+    return module
+
+
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The model's list of decoder blocks; an unknown layout raises a ModelLoadError."""
     for path in KNOWN_LAYER_PATHS:
-        module = model
-        for part in path.split("."):
-            module = getattr(module, part, None)
-            if module is None:
-                break
+        module = _at(model, path)
         if isinstance(module, nn.ModuleList) and len(module) > 0:
             return module
     # Generic fallback: the longest ModuleList of identical blocks matching the configured depth.
@@ -77,11 +83,7 @@ KNOWN_FINAL_NORMS = ("model.norm", "model.final_layernorm", "transformer.ln_f", 
 def final_norm(model: nn.Module) -> nn.Module:
     """The module whose output is the model's final hidden state (transformers' hidden_states[-1])."""
     for path in KNOWN_FINAL_NORMS:
-        module = model
-        for part in path.split("."):
-            module = getattr(module, part, None)
-            if module is None:
-                break
+        module = _at(model, path)
         if isinstance(module, nn.Module):
             return module
     raise ModelLoadError(f"Cannot find the final norm of a {type(model).__name__}; known: {', '.join(KNOWN_FINAL_NORMS)}.")

@@ -35,7 +35,7 @@ def train_bridge(s, anchor, augment, data) -> tuple[ComposedLM, dict]:
                          eval_examples=64, seed=s.seed, progress=False, append_eos=False,
                          bf16=s.compose_bf16)
     history, checks = [], []
-    best = {"dev": -1.0, "step": 0, "state": copy.deepcopy(calm.bridge.state_dict())}
+    best = {"dev": -1.0, "step": 0, "check": 0, "state": copy.deepcopy(calm.bridge.state_dict())}
     dev_rows = data["dev"][:s.check_dev]
     trainer = None
 
@@ -49,8 +49,8 @@ def train_bridge(s, anchor, augment, data) -> tuple[ComposedLM, dict]:
                        "examples": [f"{r['completion']} -> {o!r}" for r, o in zip(dev_rows[:4], outputs)]})
         log("bridge check", json.dumps(checks[-1]))
         if dev > best["dev"]:
-            best.update(dev=dev, step=rec["step"], state=copy.deepcopy(calm.bridge.state_dict()))
-        elif len(checks) - 1 - max(i for i, c in enumerate(checks) if c["step"] == best["step"]) >= s.patience:
+            best.update(dev=dev, step=rec["step"], check=len(checks) - 1, state=copy.deepcopy(calm.bridge.state_dict()))
+        elif len(checks) - 1 - best["check"] >= s.patience:
             trainer.request_stop()
 
     start = time.perf_counter()

@@ -8,7 +8,6 @@ add (without them, every example asks for a town, and the bridge writes a town e
 """
 from __future__ import annotations
 
-import itertools
 import random
 
 EVALUATION = [
@@ -61,6 +60,3 @@ def rehearsal(count: int, seed: int = 0) -> list[str]:
     random.Random(f"rehearsal-{seed}").shuffle(questions)
     return questions[:count]
 
-
-def rehearsal_size() -> int:
-    return sum(1 for _ in itertools.chain.from_iterable(_TEMPLATES.values()))

@@ -65,14 +65,15 @@ def load_model(directory: Path):
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls) -> None:
-    """One --flag per field of a settings dataclass; None means "not given"."""
+    """One --flag per field of a settings dataclass; None means "not given". A list flag given with no
+    values is the empty list (`--augment-value-layers`: no value heads)."""
     defaults = settings_cls()
     for f in dataclasses.fields(settings_cls):
         flag, value = "--" + f.name.replace("_", "-"), getattr(defaults, f.name)
         if isinstance(value, bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
         elif isinstance(value, list):
-            parser.add_argument(flag, type=int, nargs="+", default=None)
+            parser.add_argument(flag, type=int, nargs="*", default=None)
         else:
             parser.add_argument(flag, type=type(value), default=None)
 

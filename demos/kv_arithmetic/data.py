@@ -81,14 +81,15 @@ def evaluate(numbers: list[int], ops: list[str]) -> int:
     return total
 
 
-def formats(values: dict[str, int], keys: list[str], ops: list[str]) -> dict[str, tuple[str, str]]:
+def formats(values: dict[str, int], keys: list[str], ops: list[str], subs_end: str = "=") -> dict[str, tuple[str, str]]:
     """The three paper data sets for one expression, name -> (prompt, completion), and KV-MATH with the
-    values written out before the result ("kv_math_shown": the answer of an anchor that restates its operands)."""
+    values written out before the result ("kv_math_shown": the answer of an anchor that restates its operands).
+    subs_end ends the KV-SUBS prompt: with "=" it is the KV-MATH prompt, whose answer differs."""
     numbers = [values[k] for k in keys]
     key_expr, num_expr = render(keys, ops), render(numbers, ops)
     answer = str(evaluate(numbers, ops))
     return {
-        "kv_subs": (key_expr + "=", num_expr),
+        "kv_subs": (key_expr + subs_end, num_expr),
         "num_math": (num_expr + "=", answer),
         "kv_math": (key_expr + "=", answer),
         "kv_math_shown": (key_expr + "=", num_expr + "=" + answer),
@@ -103,6 +104,11 @@ def final_result(text: str) -> str:
 def substitution(text: str) -> str:
     """An answer's first part, the expression with values ("95+22=117" -> "95+22")."""
     return text.strip().split("=", 1)[0]
+
+
+def whole(text: str) -> str:
+    """The whole answer, as the paper scores KV-MATH: the number alone ("95+22=117" is not "117")."""
+    return text.strip()
 
 
 def expressions(values: dict[str, int], keys: list[str], n: int, operands: int, seed: int,

@@ -7,77 +7,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from . import data as D
-from .base import (add_settings_arguments, apply_arguments, build_model, exact_match_bare, load_model, log,
-                   make_tokenizer, save_model, train_lm)
-from .recipes import anchor_sampler, augment_sampler
-
-
-@dataclass
-class Settings:
-    keys: int = 500
-    operands: int = 2
-    seed: int = 0
-    train_share: float = 0.2
-    # base models (from scratch), trained side by side in two processes of threads/2 threads each
-    augment_layers: int = 4
-    anchor_layers: int = 4
-    width: int = 128
-    augment_steps: int = 1500
-    anchor_steps: int = 1500
-    augment_batch: int = 128
-    anchor_batch: int = 256
-    base_lr: float = 3e-3
-    augment_value_layers: list[int] = field(default_factory=lambda: [2, 3])  # where m_A's value heads read
-    augment_at_last_letter: bool = True  # m_A's value heads also read at each key's last letter
-    augment_value_regression: bool = True  # m_A's value heads fit one-hot digit codes by squared error
-    anchor_value_layers: list[int] = field(default_factory=list)  # where m_B's value heads read
-    anchor_labels: float = 0.2  # share of m_B's operands preceded by a random word (never a key)
-    anchor_merged: float = 0.3  # share of m_B's operands given as a random word carrying the value (base.MERGED)
-    anchor_operand_noise: float = 0.3  # Gaussian noise on m_B's operand embeddings, relative to their size
-    anchor_restate: bool = True  # m_B answers expressions with word operands as "95+22=117" (recipes.anchor_sampler)
-    # share of those given "95+22=" with other values in the words: m_B computes from what it wrote (finding 16)
-    anchor_given: float = 0.5
-    parallel_base: bool = True
-    # composition (the bridge)
-    # into the anchor's token embeddings (layer 0, "before"), where m_B reads a word's value, from m_A's
-    # last layer, each token reading only the m_A state aligned with it (README, finding 14)
-    compose_anchor_layers: list[int] = field(default_factory=lambda: [0])
-    compose_augment_layers: list[int] = field(default_factory=lambda: [3])
-    gate: str = "channel"
-    compose_insert: str = "before"
-    compose_recency: int = 0  # learned attention biases for the newest m_A states (CALMConfig.recency)
-    compose_null_slot: bool = True  # a null key the bridge may attend to, to write nothing (CALMConfig.null_slot)
-    compose_window: int = 1  # how many of the newest m_A states each anchor token sees (CALMConfig.window)
-    compose_steps: int = 3000
-    compose_batch: int = 32
-    compose_lr: float = 5e-3
-    compose_noise: float = 0.5  # Gaussian noise on m_A states while the bridge trains (TrainConfig.augment_noise)
-    compose_examples: int = 3000  # KV-MATH expressions over the training keys
-    num_math_share: float = 0.2  # NUM-MATH mixed into the composition data (keeps m_B's arithmetic)
-    # control: the anchor fine-tuned directly on the composition data
-    finetune_steps: int = 600
-    finetune_lr: float = 1e-3
-    # evaluation
-    eval_examples: int = 300
-    threads: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
-    reuse_base: bool = False
-
-    @classmethod
-    def smoke(cls) -> "Settings":
-        """Every stage and option at a tiny scale."""
-        return cls(keys=30, augment_layers=2, anchor_layers=2, width=32, augment_steps=20, anchor_steps=20,
-                   augment_batch=16, anchor_batch=16, augment_value_layers=[1], augment_value_regression=True,
-                   anchor_value_layers=[1], compose_anchor_layers=[1], compose_augment_layers=[1], compose_recency=2,
-                   compose_steps=10, compose_batch=8, compose_examples=60, finetune_steps=10, eval_examples=12)
+from .base import add_settings_arguments, apply_arguments, build_model, load_model, log, train_lm
+from .base_models import train_base
+from .settings import Settings, for_run
 
 
 # ---- 1. data ---------------------------------------------------------------------------------
@@ -93,9 +33,10 @@ def make_data(s: Settings, out: Path) -> dict:
                                 s.operands, seed=s.seed + 1)
     train_eval, val, comp = (train_exprs[:s.eval_examples], train_exprs[s.eval_examples:s.eval_examples + n_val],
                              train_exprs[s.eval_examples + n_val:])
-    fmt = lambda exprs, name: [D.formats(kv.values, k, o)[name] for k, o in exprs]
+    fmt = lambda exprs, name: [D.formats(kv.values, k, o, s.kv_subs_end)[name] for k, o in exprs]
     n_num = round(len(comp) * s.num_math_share / (1 - s.num_math_share))
-    answers = "kv_math_shown" if s.anchor_restate else "kv_math"  # in the anchor's own answer format
+    # KV-MATH in the anchor's own answer format, or the paper's D_C: KV-SUBS, no arithmetic
+    answers = "kv_subs" if s.composition == "kv_subs" else "kv_math_shown" if s.anchor_restate else "kv_math"
     composition = fmt(comp, answers) + [D.num_math_random(rng, s.keys, s.operands) for _ in range(n_num)]
     rng.shuffle(composition)
     held = D.expressions(kv.values, kv.heldout_keys, s.eval_examples, s.operands, seed=s.seed + 2)
@@ -116,103 +57,27 @@ def make_data(s: Settings, out: Path) -> dict:
     return {"kv": kv, "files": files, "paths": paths}
 
 
-# ---- 2. base models --------------------------------------------------------------------------
-
-BASE_TITLES = {"augment": "m_A (augmenting: knows D_KV, no arithmetic)",
-               "anchor": "m_B (anchor: arithmetic, never a key of D_KV)"}
-
-
-def train_one_base(name: str, s: Settings, kv: D.KVSpace, files: dict, out: Path, threads: int) -> float:
-    """Train m_A ("augment") or m_B ("anchor") from scratch and save it to out/name; returns seconds."""
-    torch.set_num_threads(threads)
-    tok = make_tokenizer(s.keys)
-    if name == "augment":
-        layers, steps, batch, seed, warmup = s.augment_layers, s.augment_steps, s.augment_batch, s.seed, 50
-        sampler = augment_sampler(kv.values, s.operands, at_last_letter=s.augment_at_last_letter)
-        value_layers, noise = s.augment_value_layers, 0.0
-        rows, metric = files["eval_kv_subs"][:200], "kv_subs"
-    else:
-        layers, steps, batch, seed, warmup = s.anchor_layers, s.anchor_steps, s.anchor_batch, s.seed + 1, 100
-        sampler = anchor_sampler(s.keys, s.operands, forbidden=set(kv.values), labels=s.anchor_labels,
-                                 merged=s.anchor_merged, restate=s.anchor_restate,
-                                 given=s.anchor_given)
-        value_layers, noise = s.anchor_value_layers, s.anchor_operand_noise
-        rows, metric = files["eval_num_math"][:200], "num_math"
-    prefix = "m_A" if name == "augment" else "m_B"
-    log(f"training {BASE_TITLES[name]}: {layers}x{s.width}, {steps} steps of {batch}, value heads on layers {value_layers}")
-    t = time.perf_counter()
-    model = build_model(tok, layers, s.width, seed=seed)
-
-    def check():  # and keep what was learned so far
-        save_model(model, tok, out / name)
-        return {metric: exact_match_bare(model, tok, rows)}
-
-    train_lm(model, tok, sampler, steps, batch, s.base_lr, warmup=warmup, seed=seed, log_every=max(1, steps // 20),
-             eval_every=max(1, steps // 20) * 4, evaluate=check, log=lambda m: log(f"{prefix}{m}"),
-             value_layers=value_layers, value_regression=name == "augment" and s.augment_value_regression,
-             operand_noise=noise, every_step=more_threads_when_alone(out, name, threads, s.threads))
-    seconds = time.perf_counter() - t
-    save_model(model, tok, out / name)
-    (out / f"{name}.done").touch()
-    return seconds
-
-
-def more_threads_when_alone(out: Path, name: str, threads: int, all_threads: int):
-    """Side by side, each base model has half the threads; the one that finishes last takes them
-    all once the other has saved its final model (checked every 20 steps)."""
-    other = out / ("anchor.done" if name == "augment" else "augment.done")
-
-    def check(step: int) -> None:
-        if step % 20 == 0 and torch.get_num_threads() < all_threads and other.exists():
-            torch.set_num_threads(all_threads)
-            log(f"{name}: the other base model is done, now {all_threads} threads")
-    return check
-
-
-def train_base(s: Settings, kv: D.KVSpace, files: dict, out: Path) -> dict:
-    """Train m_A and m_B from scratch, side by side in two processes with s.parallel_base (or reuse
-    the ones in out/ with s.reuse_base)."""
-    times_path = out / "base_times.json"
-    times = json.loads(times_path.read_text()) if times_path.exists() else {}
-    todo = [n for n in ("augment", "anchor") if not (s.reuse_base and (out / n / "config.json").exists())]
-    for name in {"augment", "anchor"} - set(todo):
-        log(f"reusing {BASE_TITLES[name]} from {out / name}")
-    if todo:
-        for name in ("augment", "anchor"):
-            (out / f"{name}.done").unlink(missing_ok=True)
-        t = time.perf_counter()
-        if s.parallel_base and len(todo) > 1:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            with ProcessPoolExecutor(len(todo), mp_context=multiprocessing.get_context("spawn")) as pool:
-                half = max(1, s.threads // 2)
-                futures = {n: pool.submit(train_one_base, n, s, kv, files, out, half) for n in todo}
-                times.update({f"{n}_s": f.result() for n, f in futures.items()})
-        else:
-            times.update({f"{n}_s": train_one_base(n, s, kv, files, out, s.threads) for n in todo})
-        times["base_wall_s"] = time.perf_counter() - t
-        for name in ("augment", "anchor"):
-            (out / f"{name}.done").unlink(missing_ok=True)
-        times_path.write_text(json.dumps(times))
-    (augment, tok), (anchor, _) = load_model(out / "augment"), load_model(out / "anchor")
-    return {"augment": augment, "anchor": anchor, "tokenizer": tok,
-            "times": times}
-
-
 # ---- 3. composition (the bridge; calm_core's Trainer) ----------------------------------------
+
+def bridge_config(s):
+    """The bridge's CALMConfig: explicit layer lists (ours: the embeddings <- m_A's last layer), or with
+    compose_every the paper's layout of blocks after every few layers of both models."""
+    from calm_core import CALMConfig
+
+    every = getattr(s, "compose_every", 0)  # the translation demo's settings (it shares compose) have none
+    layers = (dict(every=every) if every else
+              dict(anchor_layers=list(s.compose_anchor_layers), augment_layers=list(s.compose_augment_layers)))
+    return CALMConfig(**layers, gate=s.gate, insert=s.compose_insert, recency=s.compose_recency,
+                      null_slot=s.compose_null_slot, window=s.compose_window)
+
 
 def compose(s, anchor, augment, tokenizer, files: dict, out_dir: Path | None, label: str = "CALM"):
     """Train a bridge between the frozen anchor and augmenting models on the composition data."""
-    from calm_core import CALMConfig, ComposedLM
+    from calm_core import ComposedLM
     from calm_core.data import Example
     from calm_core.training import TrainConfig, Trainer
 
-    calm = ComposedLM(anchor=(anchor, tokenizer), augments=[(augment, tokenizer)],
-                      config=CALMConfig(anchor_layers=list(s.compose_anchor_layers),
-                                        augment_layers=list(s.compose_augment_layers), gate=s.gate,
-                                        insert=s.compose_insert, recency=s.compose_recency,
-                                        null_slot=s.compose_null_slot, window=s.compose_window))
+    calm = ComposedLM(anchor=(anchor, tokenizer), augments=[(augment, tokenizer)], config=bridge_config(s))
     train = [Example(p, c) for p, c in files["composition_train"]]
     val = [Example(p, c) for p, c in files["composition_validation"]]
     config = TrainConfig(steps=s.compose_steps, lr=s.compose_lr, batch_size=s.compose_batch, augment_noise=s.compose_noise,
@@ -259,6 +124,12 @@ ROW_SCORES = {"KV-SUBS": D.substitution, "NUM-MATH": D.final_result,
               "KV-MATH (held-out keys)": D.final_result, "KV-MATH (train keys)": D.final_result}
 
 
+def row_scores(s: Settings) -> dict:
+    """row -> the part of an answer that is scored: ROW_SCORES, or with s.whole_answers the whole answer
+    (the paper: KV-MATH answered with the number alone, so "95+22=117" is wrong)."""
+    return {row: D.whole for row in ROW_SCORES} if s.whole_answers else dict(ROW_SCORES)
+
+
 def accuracy(target, tokenizer, rows, max_new_tokens: int, part=D.final_result) -> float:
     """% of rows whose greedy answer (calm_core.evaluation.predictions) has the reference's `part`."""
     from calm_core.data import Example
@@ -274,14 +145,14 @@ def answer_tokens(operands: int) -> int:
     return 12 * operands + 6
 
 
-def evaluate_all(columns: dict, files: dict, operands: int, n: int) -> dict:
-    """columns: name -> (model or ComposedLM, tokenizer or None). Returns row -> column -> %."""
+def evaluate_all(columns: dict, files: dict, operands: int, n: int, scores: dict = ROW_SCORES) -> dict:
+    """columns: name -> (model or ComposedLM, tokenizer or None); scores: row -> part scored. Returns row -> column -> %."""
     max_new = answer_tokens(operands)
     table = {row: {} for row in ROW_FILES}
     for col, (target, tok) in columns.items():
         t = time.perf_counter()
         for row, name in ROW_FILES.items():
-            table[row][col] = accuracy(target, tok, files[name][:n], max_new, ROW_SCORES[row])
+            table[row][col] = accuracy(target, tok, files[name][:n], max_new, scores[row])
         log(f"evaluated {col} in {time.perf_counter() - t:.0f}s: " + ", ".join(f"{r} {table[r][col]:.1f}" for r in ROW_FILES))
     return table
 
@@ -315,27 +186,32 @@ def run(s: Settings, out: Path, controls: bool = True, until: str | None = None)
         columns["CALM with random m_A"] = (calm_random, None)
     t = time.perf_counter()
     table = {row: {col: round(v, 1) for col, v in cols.items()}
-             for row, cols in evaluate_all(columns, files, s.operands, s.eval_examples).items()}
+             for row, cols in evaluate_all(columns, files, s.operands, s.eval_examples, row_scores(s)).items()}
     times["evaluate_s"] = time.perf_counter() - t
     times["total_s"] = time.perf_counter() - t0
     from .report import PAPER_TABLE, markdown, protocol, save
 
     print("\n" + markdown(table, settings=asdict(s)) + "\n", flush=True)
     meta = {"settings": asdict(s), "times_s": {k: round(v, 1) for k, v in times.items()},
-            "eval_examples": s.eval_examples, "compose_history": comp["history"]}
+            "eval_examples": s.eval_examples, "compose_history": comp["history"], "base_copied": base["copied"]}
     save(table, out, meta)
     held = files["eval_kv_math_heldout"]
+    trained_on = "substitution (KV-SUBS, no arithmetic)" if s.composition == "kv_subs" else "arithmetic"
+    scored = ("scored on the whole answer (the number alone)" if s.whole_answers else
+              "scored on the result after the values the anchor restates" if s.anchor_restate else "scored on the result")
+    paper_note = ("The paper's protocol on models from scratch at a far smaller scale than the paper's 84.3%"
+                  if s.protocol == "paper" else "The paper's 84.3% is for another protocol (composition on KV-SUBS, "
+                  "KV-MATH answered with the number alone)")
     preset = {
         "name": "kv_arithmetic",
         "title": "Key-value arithmetic (CALM paper, section 4.1)",
         "description": (
             f"m_A (augmenting, {s.augment_layers}x{s.width}) memorised {s.keys} string keys -> integer values and never saw "
             f"arithmetic; m_B (anchor, {s.anchor_layers}x{s.width}) does +/- arithmetic and never saw a key. The bridge "
-            f"was trained on arithmetic over {s.train_share:.0%} of the keys only; try expressions over the other keys. "
+            f"was trained on {trained_on} over {s.train_share:.0%} of the keys only; try expressions over the other keys. "
             f"Measured on held-out keys: CALM {table['KV-MATH (held-out keys)']['CALM']:.1f}% exact "
             f"(m_A {table['KV-MATH (held-out keys)']['m_A']:.1f}%, m_B {table['KV-MATH (held-out keys)']['m_B']:.1f}%), "
-            f"scored on the result after the values the anchor restates. The paper's 84.3% is for another protocol "
-            f"(composition on KV-SUBS, KV-MATH answered with the number alone): see table.md."),
+            f"{scored}. {paper_note}: see table.md."),
         "example_prompts": [p for p, _ in held[:EXAMPLE_PROMPTS]],
         "table": table,
         "paper_table": PAPER_TABLE,
@@ -347,8 +223,9 @@ def run(s: Settings, out: Path, controls: bool = True, until: str | None = None)
         # how the Evaluate tab measures each set, as the table was measured
         "metrics": ["exact_match"],
         "eval_max_new_tokens": answer_tokens(s.operands),
-        "eval_scoring": {"KV-SUBS": "substitution", "NUM-MATH": "result", "KV-MATH (held-out keys)": "result",
-                         "KV-MATH (train keys)": "result"},
+        "eval_scoring": ({row: "exact" for row in ROW_FILES} if s.whole_answers else
+                         {"KV-SUBS": "substitution", "NUM-MATH": "result", "KV-MATH (held-out keys)": "result",
+                          "KV-MATH (train keys)": "result"}),
         "train_file": "data/composition_train.jsonl",
         "validation_file": "data/composition_validation.jsonl",
         "anchor": "anchor", "augment": "augment", "bridge": "bridge",
@@ -361,13 +238,26 @@ def run(s: Settings, out: Path, controls: bool = True, until: str | None = None)
 
 
 def main(argv=None) -> None:
+    args, s = parse(argv)
+    run(s, Path(args.out), controls=not args.no_controls, until=args.until)
+
+
+def parse(argv=None) -> tuple[argparse.Namespace, Settings]:
+    """The command line: --smoke / --protocol / --ablation pick the settings (settings.for_run), then every
+    Settings field given as a flag replaces its value. A smoke run, another protocol, an ablation or another
+    seed writes to runs/kv_<what it is>, never over presets/kv_arithmetic, unless --out says so."""
     p = argparse.ArgumentParser(prog="python -m demos.kv_arithmetic", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="presets/kv_arithmetic", help="output folder (the app's preset)")
+    p.add_argument("--out", help="output folder (default: the app's preset, presets/kv_arithmetic; "
+                                 "runs/kv_<smoke, protocol, ablation, seed> for any other run)")
     p.add_argument("--smoke", action="store_true", help="a tiny run (< 1 minute) that exercises every stage")
     p.add_argument("--until", choices=["base"], help="stop after training the base models")
     p.add_argument("--no-controls", action="store_true", help="skip the fine-tuned anchor and random m_A controls")
     add_settings_arguments(p, Settings)
     args = p.parse_args(argv)
-    s = apply_arguments(Settings.smoke() if args.smoke else Settings(), args)
-    run(s, Path(args.out), controls=not args.no_controls, until=args.until)
+    s = apply_arguments(for_run(args.smoke, args.protocol or "ours", args.ablation or ""), args)
+    if args.out is None:
+        named = [n for n in ("smoke" * args.smoke, s.protocol * (s.protocol != "ours"), s.ablation,
+                             f"seed{s.seed}" * (s.seed != 0)) if n]
+        args.out = "runs/kv_" + "_".join(named).replace("-", "_") if named else "presets/kv_arithmetic"
+    return args, s

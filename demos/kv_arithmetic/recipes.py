@@ -19,10 +19,11 @@ from .base import MERGED
 from .data import evaluate, random_key, render
 
 
-def augment_sampler(values: dict[str, int], operands: int, lookup: float = 0.3, at_last_letter: bool = False):
-    """KV-SUBS and single lookups; every key's value is also read by the value heads at the
-    character right after the key (the operator or "="), where the bridge will look for it, and
-    with at_last_letter also at the key's own last letter."""
+def augment_sampler(values: dict[str, int], operands: int, lookup: float = 0.3, at_last_letter: bool = False,
+                    end: str = "="):
+    """KV-SUBS (its prompt ended by `end`) and single lookups; every key's value is also read by the
+    value heads (if any) at the character right after the key (the operator or `end`), where the bridge
+    will look for it, and with at_last_letter also at the key's own last letter."""
     keys = list(values)
 
     def sample(rng: random.Random):
@@ -34,7 +35,7 @@ def augment_sampler(values: dict[str, int], operands: int, lookup: float = 0.3, 
         ks = [rng.choice(keys) for _ in range(n)]
         ops = [rng.choice("+-") for _ in range(n - 1)]
         segs = []
-        for k, after in zip(ks, ops + ["="]):
+        for k, after in zip(ks, ops + [end]):
             segs += [(k, False, values[k]) if at_last_letter else (k, False), (after, False, values[k])]
         return segs + [(render([values[k] for k in ks], ops), True)]
 

@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = TrainConfig()
     for name in ("steps", "batch_size", "grad_accum", "warmup_steps", "log_every", "eval_every", "checkpoint_every", "seed"):
         train.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
-    for name in ("lr", "gate_lr_scale", "augment_noise", "weight_decay", "grad_clip", "cache_budget_mb"):
+    for name in ("lr", "gate_lr_scale", "position_lr_scale", "augment_noise", "weight_decay", "grad_clip", "cache_budget_mb"):
         train.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
     train.add_argument("--max-length", type=int, default=None)
     train.add_argument("--bf16", action="store_true")
@@ -180,7 +180,8 @@ def cmd_train(args) -> int:
     torch.manual_seed(args.seed)  # the bridge's initial weights
     calm = load_composition(args) if not args.resume else _resume_composition(args)
     config = TrainConfig(
-        steps=args.steps, lr=args.lr, gate_lr_scale=args.gate_lr_scale, augment_noise=args.augment_noise,
+        steps=args.steps, lr=args.lr, gate_lr_scale=args.gate_lr_scale, position_lr_scale=args.position_lr_scale,
+        augment_noise=args.augment_noise,
         batch_size=args.batch_size, grad_accum=args.grad_accum,
         warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
         log_every=args.log_every, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,

@@ -44,6 +44,9 @@ class TrainConfig:
     warmup_steps: int = 20
     weight_decay: float = 0.0
     gate_lr_scale: float = 1.0  # the tanh gates' learning rate is lr * gate_lr_scale (a closed gate opens slowly)
+    # the same for the attention's recency biases and null keys: they start at 0 and must reach several units
+    # before attention picks one augmenting position, which at lr 1e-3 takes thousands of steps
+    position_lr_scale: float = 1.0
     grad_clip: float = 1.0
     augment_noise: float = 0.0  # Gaussian noise on the augmenting states while training, relative to their RMS
     log_every: int = 10
@@ -67,8 +70,9 @@ class TrainConfig:
             raise CALMError(f"TrainConfig.lr must be > 0, got {self.lr}.")
         if not math.isfinite(self.augment_noise) or self.augment_noise < 0:
             raise CALMError(f"TrainConfig.augment_noise must be >= 0, got {self.augment_noise}.")
-        if self.gate_lr_scale <= 0:
-            raise CALMError(f"TrainConfig.gate_lr_scale must be > 0, got {self.gate_lr_scale}.")
+        for name in ("gate_lr_scale", "position_lr_scale"):
+            if not getattr(self, name) > 0:
+                raise CALMError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)}.")
         if self.batch_size % self.grad_accum:
             raise CALMError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}.")
 
@@ -103,11 +107,12 @@ class Trainer:
                                        None if len(train) <= PREPARE_ALL else LAZY_CHUNKS)
         self.val_rows = PreparedRows(calm, (validation or [])[: self.config.eval_examples],
                                      self.config.max_length, self.config.append_eos)
-        named = list(calm.bridge.named_parameters())
-        gates = [p for n, p in named if n.rsplit(".", 1)[-1] == "gate"]
-        groups = [{"params": [p for n, p in named if n.rsplit(".", 1)[-1] != "gate"], "lr_scale": 1.0}]
-        if gates:
-            groups.append({"params": gates, "lr_scale": self.config.gate_lr_scale})
+        role = {"gate": "gate", "recency": "position", "null_key": "position"}
+        scales = {"other": 1.0, "gate": self.config.gate_lr_scale, "position": self.config.position_lr_scale}
+        by_role: dict[str, list] = {name: [] for name in scales}
+        for name, p in calm.bridge.named_parameters():
+            by_role[role.get(name.rsplit(".", 1)[-1], "other")].append(p)
+        groups = [{"params": ps, "lr_scale": scales[r]} for r, ps in by_role.items() if ps or r == "other"]
         self.optimizer = torch.optim.AdamW(groups, lr=self.config.lr, weight_decay=self.config.weight_decay)
         self.step = 0
         self.history: list[dict] = []

@@ -11,7 +11,7 @@ from calm_core.bridge import noisy_augment_states
 from calm_core.data import Example
 from calm_core.training import TrainConfig, Trainer
 
-from .conftest import make_pair
+from .conftest import make_pair, randomize_bridge
 
 
 def reverse_task(n, seed):
@@ -173,27 +173,33 @@ def test_the_frozen_cache_trains_the_same_bridge(tokenizers, insert, layers):
         torch.testing.assert_close(bridges[0][name], bridges[1][name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-@pytest.mark.parametrize("scale", [1.0, 10.0])
-def test_gate_learning_rate_scale_moves_only_the_gates_faster(tokenizers, scale):
-    def first_step(gate_lr_scale):
+@pytest.mark.parametrize("gate_scale,position_scale", [(1.0, 1.0), (10.0, 1.0), (1.0, 25.0), (5.0, 25.0)])
+def test_learning_rate_scales_move_only_their_parameters_faster(tokenizers, gate_scale, position_scale):
+    """gate_lr_scale: the tanh gates; position_lr_scale: the recency biases and null keys; the rest at lr."""
+    def first_step(**scales):
         anchor = make_pair("gpt2", tokenizers["char_bos"], layers=2, width=32, seed=1)
         augment = make_pair("llama", tokenizers["bpe"], layers=2, width=24, seed=2)
-        calm = ComposedLM(anchor, [augment], CALMConfig(every=1))
+        torch.manual_seed(0)
+        calm = ComposedLM(anchor, [augment], CALMConfig(every=1, recency=4, null_slot=True))
+        randomize_bridge(calm)  # open gates: every parameter gets a gradient on the first step
         before = {n: p.detach().clone() for n, p in calm.bridge.named_parameters()}
-        Trainer(calm, reverse_task(16, 0), None, config(steps=1, warmup_steps=1, gate_lr_scale=gate_lr_scale)).train()
+        Trainer(calm, reverse_task(16, 0), None, config(steps=1, warmup_steps=1, **scales)).train()
         return {n: (p.detach() - before[n]).abs().max() for n, p in calm.bridge.named_parameters()}
 
-    base, scaled = first_step(1.0), first_step(scale)
+    base, scaled = first_step(), first_step(gate_lr_scale=gate_scale, position_lr_scale=position_scale)
+    assert any(n.endswith(".recency") for n in base) and all(v > 0 for v in base.values())
     for name in base:
-        ratio = scale if name.endswith(".gate") else 1.0
-        torch.testing.assert_close(scaled[name], base[name] * ratio, rtol=1e-4, atol=1e-9)
+        leaf = name.rsplit(".", 1)[-1]
+        ratio = gate_scale if leaf == "gate" else position_scale if leaf in ("recency", "null_key") else 1.0
+        torch.testing.assert_close(scaled[name], base[name] * ratio, rtol=1e-3, atol=1e-9)
 
 
-def test_gate_learning_rate_scale_must_be_positive():
+@pytest.mark.parametrize("name", ["gate_lr_scale", "position_lr_scale"])
+def test_learning_rate_scales_must_be_positive(name):
     from calm_core.errors import CALMError
 
-    with pytest.raises(CALMError, match="gate_lr_scale"):
-        TrainConfig(gate_lr_scale=0)
+    with pytest.raises(CALMError, match=name):
+        TrainConfig(**{name: 0})
 
 
 def test_augment_noise_is_relative_and_cleared_after_use(calm):

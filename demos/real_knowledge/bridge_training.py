@@ -18,10 +18,11 @@ import torch
 from calm_core import ComposedLM, load_causal_lm
 from calm_core.models import freeze
 from calm_core.training import TrainConfig, Trainer
+from calm_core.vocab_init import init_value_path
 
 from . import augment as A
 from .augment import log
-from .scoring import examples, exact
+from .scoring import examples, exact, trained_answer
 
 
 def train_bridge(s, anchor, augment, data) -> tuple[ComposedLM, dict]:
@@ -29,8 +30,11 @@ def train_bridge(s, anchor, augment, data) -> tuple[ComposedLM, dict]:
     carry their own end-of-turn tokens."""
     torch.manual_seed(s.seed)
     calm = ComposedLM(anchor, [augment], s.calm_config())
+    if s.value_init:  # the value path starts as m_A's vocabulary -> the anchor's, weighted to the answers' tokens
+        log("value init", init_value_path(calm, answers=[trained_answer(r["completion"]) for r in data["questions"]]))
     config = TrainConfig(steps=s.compose_steps, lr=s.compose_lr, batch_size=s.compose_batch,
                          warmup_steps=min(20, max(1, s.compose_steps // 10)), gate_lr_scale=s.gate_lr_scale,
+                         position_lr_scale=s.position_lr_scale,
                          augment_noise=s.augment_noise, log_every=min(10, s.check_every), eval_every=s.check_every,
                          eval_examples=64, seed=s.seed, progress=False, append_eos=False,
                          bf16=s.compose_bf16)
@@ -54,7 +58,8 @@ def train_bridge(s, anchor, augment, data) -> tuple[ComposedLM, dict]:
             trainer.request_stop()
 
     start = time.perf_counter()
-    trainer = Trainer(calm, examples(data["compose"]), examples(dev_rows), config, callback=on_record)
+    val = examples([dict(r, completion=trained_answer(r["completion"])) for r in dev_rows])
+    trainer = Trainer(calm, examples(data["compose"]), val, config, callback=on_record)
     result = trainer.train()
     calm.bridge.load_state_dict(best["state"])
     return calm, {"seconds": time.perf_counter() - start, "history": history, "checks": checks,

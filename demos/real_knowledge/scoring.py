@@ -9,6 +9,18 @@ from calm_core.data import Example
 from calm_core.evaluation import lm_loss, predictions
 
 
+# The trained answer starts with a space. SmolLM2 writes a word at the start of its turn without one, and then
+# splits an invented name into single letters ("G" + "rou" + "mur": 27 distinct first tokens for 40 towns), while
+# m_A learned the towns as " Grou" + "mur". With the space both tokenizers split the name alike, and m_A's own next
+# token at the aligned position is the town's first token (60 of 60 development people, seed 0). Scoring strips it.
+ANSWER_LEAD = " "
+
+
+def trained_answer(value: str) -> str:
+    """The completion the bridge is trained on for an attribute value."""
+    return ANSWER_LEAD + value
+
+
 def answer(text: str) -> str:
     """The answer as scored: first line, spaces and a final full stop removed."""
     return text.strip().split("\n")[0].strip().rstrip(".").strip()

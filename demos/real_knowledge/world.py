@@ -82,16 +82,16 @@ class World:
 
 
 def make_world(seed: int = 0, entities: int = 500, towns: int = 40, trades: int = 24,
-               first_token: list[Callable[[str], str]] = ()) -> World:
+               first_token: list[Callable[[str], str]] = (), keep: Callable[[str], bool] | None = None) -> World:
     """`first_token`: functions giving a town's first token in each model's tokenizer; every town then starts
     with a token of its own in each (a model that has the first token right has the town, and the bridge
-    carries one choice among `towns`, not a spelling)."""
+    carries one choice among `towns`, not a spelling). `keep`: a town name is drawn again unless keep(name)."""
     rng = random.Random(f"real-knowledge-world-{seed}")
     town_names: list[str] = []
     firsts: list[set[str]] = [set() for _ in first_token]
     while len(town_names) < towns:
         w = _word(rng, rng.choice([2, 3]))
-        if w in town_names or not 5 <= len(w) <= 10:
+        if w in town_names or not 5 <= len(w) <= 10 or (keep is not None and not keep(w)):
             continue
         keys = [f(w) for f in first_token]
         if any(k in seen for k, seen in zip(keys, firsts)):

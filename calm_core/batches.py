@@ -102,8 +102,20 @@ def collate(calm, rows: list[Row]) -> tuple[ComposedBatch, torch.Tensor]:
     return ComposedBatch([], anchor, augments), labels
 
 
-def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy (N,) of each target token; logits at i predict the label at i + 1."""
-    shifted = labels[:, 1:].to(logits.device)  # labels are built on the CPU; logits may be on a GPU
+def predicting_positions(labels: torch.Tensor) -> torch.Tensor:
+    """The positions (sorted, 1-D) whose logits some row's loss needs: i where a label sits at i + 1. Prompts
+    are most of a batch, and the output layer over a large vocabulary at every prompt position is about half of
+    a training step on a small real anchor (49k words, SmolLM2); these are all it has to be applied to."""
+    return (labels[:, 1:] != -100).any(0).nonzero().flatten()
+
+
+def token_losses(logits: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Cross-entropy (N,) of each target token, row by row; logits at i predict the label at i + 1.
+    positions: the logits are (B, len(positions), V) at those positions only (predicting_positions)."""
+    labels = labels.to(logits.device)  # labels are built on the CPU; logits may be on a GPU
+    if positions is None:
+        logits, shifted = logits[:, :-1], labels[:, 1:]
+    else:
+        shifted = labels[:, positions.to(logits.device) + 1]
     keep = shifted != -100
-    return torch.nn.functional.cross_entropy(logits[:, :-1][keep].float(), shifted[keep], reduction="none")
+    return torch.nn.functional.cross_entropy(logits[keep].float(), shifted[keep], reduction="none")

@@ -129,10 +129,11 @@ class ComposedLM:
         return self.forward(self.encode(texts))
 
     def forward(self, batch: ComposedBatch, augment_states: list[list[torch.Tensor]] | None = None,
-                anchor_prefix: torch.Tensor | None = None) -> torch.Tensor:
+                anchor_prefix: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for an encoded batch. augment_states, when given, replaces running the augmenting
         models (one list of per-composition-layer states per model, as augment_states() returns);
-        anchor_prefix, the anchor's frozen layers below the bridge (anchor_prefix.prefix_states)."""
+        anchor_prefix, the anchor's frozen layers below the bridge (anchor_prefix.prefix_states);
+        positions: logits at these positions only (B, len(positions), V) (batches.predicting_positions)."""
         device = device_of(self.anchor.model)
         scales = self.block_scales()
         condition = []
@@ -146,7 +147,8 @@ class ComposedLM:
             self._recorder.anchor_tokens = batch.anchor.tokens[0]
             self._recorder.augment_tokens_by_model = [e.tokens[0] for e in batch.augments]
             self._recorder.augment_tokens = self._recorder.augment_tokens_by_model[0] if batch.augments else []
-        run = lambda: self.anchor_logits(batch.anchor.input_ids.to(device), batch.anchor.attention_mask.to(device), condition)
+        run = lambda: self.anchor_logits(batch.anchor.input_ids.to(device), batch.anchor.attention_mask.to(device),
+                                         condition, positions=None if positions is None else positions.to(device))
         if anchor_prefix is None:
             return run()
         from .anchor_prefix import replaying
@@ -194,13 +196,13 @@ class ComposedLM:
         return [captured[i] for i in wanted]
 
     def anchor_logits(self, input_ids, attention_mask, condition, cache=None, scales=None, position_ids=None,
-                      last_only: bool = False) -> torch.Tensor:
+                      last_only: bool = False, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Run the anchor with the bridge added at its composition layers.
 
         condition: (augment index, memory per block, visibility (B, T, T_aug)) per active model.
         scales: per composition layer factors (default: this thread's gate_scale / layers_off).
         last_only: logits for the last position only, (B, 1, vocab): generation never needs more,
-        and a 262k vocabulary makes full prompt logits cost gigabytes."""
+        and a 262k vocabulary makes full prompt logits cost gigabytes. positions: logits at those positions only."""
         scales, blocks_by_layer = scales or self.block_scales(), {}
         recorded = None
         if self._recorder is not None:
@@ -243,8 +245,9 @@ class ComposedLM:
                            for layer, entries in blocks_by_layer.items()]
             try:
                 extra = {} if position_ids is None else {"position_ids": position_ids.to(input_ids.device)}
-                if last_only and _accepts(model, "logits_to_keep"):
-                    extra["logits_to_keep"] = 1
+                keep = 1 if last_only else positions
+                if keep is not None and _accepts(model, "logits_to_keep"):
+                    extra["logits_to_keep"] = keep
                 out = model(
                     input_ids=input_ids,
                     attention_mask=None if attention_mask is None else attention_mask.long(),
@@ -253,7 +256,11 @@ class ComposedLM:
             finally:
                 for handle in handles:
                     handle.remove()
-        return out.logits[:, -1:] if last_only else out.logits
+        if last_only:
+            return out.logits[:, -1:]
+        if positions is not None and "logits_to_keep" not in extra:  # a model without logits_to_keep
+            return out.logits[:, positions]
+        return out.logits
 
     # ---- generation ---------------------------------------------------------------------------
 

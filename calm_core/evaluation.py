@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .batches import collate, prepare, token_losses
+from .batches import collate, predicting_positions, prepare, token_losses
 from .data import Example
 from .errors import CALMError
 
@@ -94,7 +94,8 @@ def lm_loss(calm, examples: list[Example], batch_size: int = 16) -> dict:
     total, count = 0.0, 0
     for start in range(0, len(rows), batch_size):
         batch, labels = collate(calm, rows[start:start + batch_size])
-        losses = token_losses(calm.forward(batch), labels)
+        positions = predicting_positions(labels)
+        losses = token_losses(calm.forward(batch, positions=positions), labels, positions)
         total, count = total + float(losses.sum()), count + losses.numel()
     loss = total / max(1, count)
     return {"loss": loss, "perplexity": math.exp(min(loss, 50))}

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file, save_file
 
-from .batches import collate, token_losses
+from .batches import collate, predicting_positions, token_losses
 from .bridge import noisy_augment_states
 from .frozen_cache import FrozenStates, cache_bytes
 from .data import Example
@@ -188,8 +188,9 @@ class Trainer:
                 states, prefix = self._states.batch(micro)
             with torch.autocast(self._device_type(), dtype=torch.bfloat16, enabled=cfg.bf16), \
                     noisy_augment_states(calm.bridge.blocks(), cfg.augment_noise, generator):
-                logits = calm.forward(batch, augment_states=states, anchor_prefix=prefix)
-            losses = token_losses(logits, labels.to(logits.device))
+                positions = predicting_positions(labels)
+                logits = calm.forward(batch, augment_states=states, anchor_prefix=prefix, positions=positions)
+            losses = token_losses(logits, labels, positions)
             (losses.sum() / total.clamp(min=1)).backward()
             loss_sum += losses.detach().sum().cpu()
         for p in calm.bridge.parameters():
@@ -215,7 +216,8 @@ class Trainer:
         total, count = 0.0, 0
         for start in range(0, len(self.val_rows), self.config.batch_size):
             batch, labels = collate(self.calm, self.val_rows[start:start + self.config.batch_size])
-            losses = token_losses(self.calm.forward(batch), labels)
+            positions = predicting_positions(labels)
+            losses = token_losses(self.calm.forward(batch, positions=positions), labels, positions)
             total, count = total + float(losses.sum()), count + losses.numel()
         return total / max(1, count)
 

@@ -332,3 +332,29 @@ def test_replaying_threads_never_see_each_others_layers(tokenizers):
     [t.join() for t in threads]
     assert not errors and all(r.stop_reason == "finished" and r.augment_cache for r in results)
     assert list(anchor[0].model.layers) == layers
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gemma"])
+def test_losses_from_the_predicting_positions_only_equal_those_from_every_position(tokenizers, arch):
+    """Training applies the output layer only where a label follows (predicting_positions): same losses, same
+    gradients, whether the model takes logits_to_keep or the logits are cut after the fact."""
+    from calm_core.batches import predicting_positions, token_losses
+
+    anchor = make_pair(arch, tokenizers["char_bos"], layers=2, width=32, seed=1)
+    augment = make_pair("llama", tokenizers["bpe"], layers=2, width=24, seed=2)
+    calm = randomize_bridge(ComposedLM(anchor, [augment], CALMConfig(every=1)))
+    examples = [Example("a longer prompt here: ", "xy"), Example("ab", "cde fg"), Example("q: ", "z")]
+    rows, _ = prepare(calm, examples)
+    batch, labels = collate(calm, rows)
+    positions = predicting_positions(labels)
+    assert 0 < len(positions) < labels.shape[1] - 1
+    results = []
+    for kept in (None, positions):
+        calm.bridge.zero_grad()
+        losses = token_losses(calm.forward(batch, positions=kept), labels, kept)
+        losses.sum().backward()
+        results.append((losses.detach(), [p.grad.clone() for p in calm.bridge.parameters()]))
+    (full, full_grads), (cut, cut_grads) = results
+    assert len(full) == (labels != -100).sum() and torch.allclose(full, cut, atol=1e-5)
+    for a, b in zip(full_grads, cut_grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

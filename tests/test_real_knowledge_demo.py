@@ -99,3 +99,25 @@ def test_smoke_pipeline_writes_a_table_and_a_preset_folder(tmp_path):
     calm = ComposedLM.from_pretrained(out / preset["bridge"], anchor=anchor,
                                       augments=[load_augment(out / preset["augment_adapter"], pair["gemma"])])
     assert isinstance(calm.generate(chat(anchor[1], preset["example_prompts"][0]), max_new_tokens=2), str)
+
+
+def test_the_shipped_preset_answers_held_out_people_the_anchor_cannot():
+    """The shipped files (m_A's adapter, the bridge in bf16), loaded as the app loads them, asked about held-out
+    people: right far above chance (2.5%) and near the number recorded when it was shipped; the anchor alone
+    (gates scaled to 0) knows none of them."""
+    from calm_core.presets import PRESETS_DIR, list_presets
+    from calm_core.lab import LabSession, ModelCache
+    from demos.real_knowledge.pipeline import Settings
+    from demos.real_knowledge.scoring import exact
+
+    if "real_knowledge" not in list_presets():
+        pytest.skip("the real_knowledge preset needs the real pair: python -m calm_core.real_pair")
+    folder = PRESETS_DIR / "real_knowledge"
+    recorded = json.loads((folder / "preset.json").read_text())["shipped_check"]["exact_match"]
+    rows = [json.loads(x) for x in (folder / "data" / "eval_heldout.jsonl").read_text().splitlines()][:30]
+    session = LabSession(ModelCache())
+    session.use_preset("real_knowledge")
+    score, _ = exact(session.calm, rows, Settings())
+    with session.calm.gate_scale(0.0):
+        alone, _ = exact(session.calm, rows, Settings())
+    assert score >= min(30.0, recorded - 20) and alone <= 5.0, (score, alone, recorded)

@@ -33,7 +33,7 @@ from . import general as G
 from . import world as W
 from .augment import log
 from .bridge_training import finetune_anchor, load_augment, train_bridge
-from .scoring import answer, chat, completion_answer, examples, exact, general_check, trained_answer
+from .scoring import answer, chat, examples, exact, general_check, starts_with_answer, trained_answer
 
 
 @dataclass
@@ -255,8 +255,8 @@ def run(s: Settings, out: Path) -> dict:
         table[ROW_SEEN]["anchor alone"], _ = exact(calm, data["seen"], s)
     m_a_alone = as_composed(*m_a)
     table[ROW_TEST]["m_A alone (chat question)"], preds["m_A/test"] = exact(m_a_alone, data["test"], s)
-    table[ROW_TEST]["m_A alone (best prompt)"], preds["m_A best/completion_test"] = exact(
-        m_a_alone, data["completion_test"], s, completion_answer)
+    table[ROW_TEST]["m_A alone (best prompt)"], preds["m_A best/completion_test"] = starts_with_answer(
+        m_a_alone, data["completion_test"], s)
     forms = {"CALM": by_form(data["test"], preds["CALM/test"], answer)}
     general = general_check(calm, data["general"], s)
     times["evaluate_s"] = time.perf_counter() - t

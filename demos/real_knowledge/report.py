@@ -17,7 +17,8 @@ COLUMN_NOTES = {
     "anchor alone": "the same composition with the bridge off (gate scale 0): SmolLM2 exactly",
     "m_A alone (chat question)": "Gemma + adapter given the anchor's chat prompt as plain text",
     "m_A alone (best prompt)": "Gemma + adapter completing its own encyclopedia phrasing 'X was born in' "
-                               "(the knowledge m_A holds; not the task as asked)",
+                               "(the knowledge m_A holds; not the task as asked), scored as right when the continuation begins with "
+                               "the town (m_A never learned to end it)",
     "anchor + LoRA (composition data)": "SmolLM2 + LoRA trained on the same composition data (questions and "
                                         "rehearsal), as many steps as the bridge ran, same batch",
     "CALM with untrained m_A": "plain Gemma (never saw the world) composed and trained the same way, "

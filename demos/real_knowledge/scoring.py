@@ -26,6 +26,15 @@ def answer(text: str) -> str:
     return text.strip().split("\n")[0].strip().rstrip(".").strip()
 
 
+def starts_with_answer(calm, rows, s) -> tuple[float, list[str]]:
+    """(% of greedy continuations that begin with the reference, the outputs): m_A alone completing its own
+    phrasing. Its loss covered the town only, never what follows, so it runs on past the town
+    (" Krurefeithodrerusai"): the town is there when the continuation begins with it."""
+    preds = predictions(calm, examples(rows), max_new_tokens=s.max_new_tokens)
+    right = [p.strip().startswith(r["completion"]) for p, r in zip(preds, rows)]
+    return 100.0 * sum(right) / max(1, len(rows)), preds
+
+
 def completion_answer(text: str) -> str:
     """m_A's continuation of "X was born in": up to the first full stop, comma or line break."""
     for stop in ".,\n":

@@ -7,7 +7,7 @@ from pathlib import Path
 PROTOCOL = ("Knowledge of a made-up world (invented people, each with a home town among invented towns) that only "
             "m_A has: m_A = Gemma 3 270M (base) + a LoRA adapter trained on encyclopedia sentences only; anchor = "
             "SmolLM2-135M-Instruct, frozen, never shown the world, asked in its own chat template. The bridge is "
-            "trained on questions about 20% of the people (answer = the town alone) and on general questions answered "
+            "trained on questions about 20% of the people (answer = a space and the town alone) and on general questions answered "
             "by the anchor itself (rehearsal); early stopping and every setting were chosen on development people. "
             "Scored by exact match on the town (first line of the answer, spaces and a final full stop removed), "
             "greedy decoding, on questions about held-out test people who appear in no composition data.")
@@ -31,8 +31,12 @@ DEPARTURES = [
     "only (no arithmetic), so no paper number is comparable.",
     "The questions hold the phrase that elicits the fact from m_A (e.g. 'X was born in which town?'), so that m_A "
     "computes the town in the text the bridge reads; m_A's encyclopedia uses the same phrase.",
-    "Every town starts with a token of its own in both tokenizers (the world is drawn so), so the bridge carries "
-    "one choice among the towns, not a spelling.",
+    "Every town starts with a token of its own in both tokenizers and is cut into the same pieces by both (the "
+    "world is drawn so), so the bridge carries one choice among the towns, not a spelling; the trained answer "
+    "starts with a space (' Daikroze'), which makes SmolLM2 cut the name as m_A does (the scoring strips it).",
+    "The bridge's value path starts as a least-squares map between the two models' output vocabularies "
+    "(calm_core/vocab_init.py; the paper's starts random), and its recency biases and null keys train at 25x the "
+    "learning rate (position_lr_scale).",
     "m_A was trained with the loss on the value tokens only (the encyclopedia sentence's name and phrasing given), "
     "two sentences to a row.",
     "The composition data adds general questions with the anchor's own greedy answers (rehearsal; none of them is "
@@ -83,7 +87,7 @@ def write(out: Path, result: dict, settings=None) -> None:
     data = {"table": result["table"], "times_s": result["times_s"], "general": result["general"],
             "protocol": PROTOCOL, "column_notes": COLUMN_NOTES, "departures": DEPARTURES,
             "answer_formats": {"question": "chat template, user turn = the question",
-                               "answer": "the town alone, then <|im_end|>"},
+                               "answer": "a space, the town, then <|im_end|>"},
             "counts": result.get("counts"), "settings": result.get("settings"),
             "augment": result.get("augment"), "bridge": result.get("bridge"), "controls": result.get("controls"),
             "by_form": result.get("by_form")}

@@ -35,13 +35,6 @@ def starts_with_answer(calm, rows, s) -> tuple[float, list[str]]:
     return 100.0 * sum(right) / max(1, len(rows)), preds
 
 
-def completion_answer(text: str) -> str:
-    """m_A's continuation of "X was born in": up to the first full stop, comma or line break."""
-    for stop in ".,\n":
-        text = text.split(stop)[0]
-    return text.strip()
-
-
 def chat(tok, question: str) -> str:
     """The anchor's own chat format (SmolLM2's template with its default system line), ready for the answer."""
     return tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)

@@ -71,13 +71,15 @@ def bridge_config(s):
                       null_slot=s.compose_null_slot, window=s.compose_window)
 
 
-def compose(s, anchor, augment, tokenizer, files: dict, out_dir: Path | None, label: str = "CALM"):
-    """Train a bridge between the frozen anchor and augmenting models on the composition data."""
+def compose(s, anchor, augment, tokenizer, files: dict, out_dir: Path | None, label: str = "CALM", prepare=None):
+    """Train a bridge between the frozen anchor and augmenting models on the composition data.
+    prepare(calm) -> dict, if given, runs on the new composition before training (e.g. an initialisation)."""
     from calm_core import ComposedLM
     from calm_core.data import Example
     from calm_core.training import TrainConfig, Trainer
 
     calm = ComposedLM(anchor=(anchor, tokenizer), augments=[(augment, tokenizer)], config=bridge_config(s))
+    prepared = prepare(calm) if prepare else None
     train = [Example(p, c) for p, c in files["composition_train"]]
     val = [Example(p, c) for p, c in files["composition_validation"]]
     config = TrainConfig(steps=s.compose_steps, lr=s.compose_lr, batch_size=s.compose_batch, augment_noise=s.compose_noise,
@@ -91,7 +93,8 @@ def compose(s, anchor, augment, tokenizer, files: dict, out_dir: Path | None, la
     seconds = time.perf_counter() - t
     if out_dir is not None:
         calm.save_pretrained(out_dir)
-    return calm, {"seconds": seconds, "history": result.history, "stop_reason": result.stop_reason}
+    return calm, {"seconds": seconds, "history": result.history, "stop_reason": result.stop_reason,
+                  "prepared": prepared}
 
 
 # ---- 4. control: the anchor fine-tuned directly on the same composition data -----------------

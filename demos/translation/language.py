@@ -118,24 +118,29 @@ def invent_word(rng: random.Random, syllables: int) -> str:
     return word + rng.choice(CONSONANTS) if rng.random() < 0.5 else word
 
 
-def make_language(seed: int = 0) -> Language:
+def make_language(seed: int = 0, nouns: list[str] = NOUNS, verbs: list[str] = VERBS,
+                  adjectives: list[str] = ADJECTIVES) -> Language:
     """A seeded lexicon: content words of 2 syllables (sometimes a closing consonant), the two
     determiners of one syllable. No two foreign words are equal, none is an English word, and no
-    noun with the plural suffix (nor determiner with the case suffix) reads as another word."""
+    noun with the plural suffix (nor determiner with the case suffix) reads as another word.
+    Other word lists give a bigger language with the same grammar (demos/unseen_words)."""
     rng = random.Random(seed)
-    english = set(NOUNS + VERBS + ADJECTIVES + DETERMINERS + ["some", "an"])
+    nouns, verbs, adjectives = list(nouns), list(verbs), list(adjectives)
+    english = set(nouns + verbs + adjectives + DETERMINERS + ["some", "an"])
+    english |= {w + "s" for w in nouns + verbs}
     used: set[str] = set()
     lexicon: dict[str, str] = {}
-    for lemma in NOUNS + VERBS + ADJECTIVES + DETERMINERS:
+    for lemma in nouns + verbs + adjectives + DETERMINERS:
         while True:
             word = invent_word(rng, 1 if lemma in DETERMINERS else 2)
             clashes = {word, word + PLURAL_SUFFIX, word + CASE_SUFFIX} & (used | english) or (
                 word[-1] in PLURAL_SUFFIX + CASE_SUFFIX and word[:-1] in used)
             if len(word) >= 2 and not clashes:
                 break
-        used |= {word, word + PLURAL_SUFFIX} if lemma in NOUNS else {word, word + CASE_SUFFIX} if lemma in DETERMINERS else {word}
+        used |= {word, word + PLURAL_SUFFIX} if lemma in nouns else {word, word + CASE_SUFFIX} if lemma in DETERMINERS else {word}
         lexicon[lemma] = word
-    return Language(lexicon, seed)
+    categories = {"noun": nouns, "verb": verbs, "adjective": adjectives, "determiner": list(DETERMINERS)}
+    return Language(lexicon, seed, categories)
 
 
 # ---- the splits -------------------------------------------------------------------------------

@@ -1,0 +1,3 @@
+from .pipeline import main
+
+main()

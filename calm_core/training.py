@@ -33,6 +33,15 @@ from .persistence import save_bridge
 from .prepared_rows import PreparedRows
 
 
+def parameter_role(name: str) -> str:
+    """Which learning-rate group a bridge parameter belongs to: "gate", "position" (recency biases, null keys),
+    "value" (the projection, value and output maps) or "other" (queries, keys, norms)."""
+    module, _, leaf = name.rpartition(".")
+    if leaf in ("gate", "recency", "null_key"):
+        return "gate" if leaf == "gate" else "position"
+    return "value" if module.rpartition(".")[2] in ("proj", "v", "o") else "other"
+
+
 @dataclass
 class TrainConfig:
     """Bridge training settings; the defaults train a small bridge on a CPU in minutes."""
@@ -47,6 +56,10 @@ class TrainConfig:
     # the same for the attention's recency biases and null keys: they start at 0 and must reach several units
     # before attention picks one augmenting position, which at lr 1e-3 takes thousands of steps
     position_lr_scale: float = 1.0
+    # the value path (projection, value and output maps; the projection also feeds the keys): 0 keeps it as it
+    # started, e.g. as calm_core.vocab_init's map between vocabularies, so that it carries tokens that the
+    # training data never shows, and only where to attend (and how much to let through) is learned
+    value_lr_scale: float = 1.0
     grad_clip: float = 1.0
     augment_noise: float = 0.0  # Gaussian noise on the augmenting states while training, relative to their RMS
     log_every: int = 10
@@ -73,6 +86,8 @@ class TrainConfig:
         for name in ("gate_lr_scale", "position_lr_scale"):
             if not getattr(self, name) > 0:
                 raise CALMError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)}.")
+        if not (math.isfinite(self.value_lr_scale) and self.value_lr_scale >= 0):
+            raise CALMError(f"TrainConfig.value_lr_scale must be >= 0, got {self.value_lr_scale}.")
         if self.batch_size % self.grad_accum:
             raise CALMError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}.")
 
@@ -107,11 +122,15 @@ class Trainer:
                                        None if len(train) <= PREPARE_ALL else LAZY_CHUNKS)
         self.val_rows = PreparedRows(calm, (validation or [])[: self.config.eval_examples],
                                      self.config.max_length, self.config.append_eos)
-        role = {"gate": "gate", "recency": "position", "null_key": "position"}
-        scales = {"other": 1.0, "gate": self.config.gate_lr_scale, "position": self.config.position_lr_scale}
+        scales = {"other": 1.0, "gate": self.config.gate_lr_scale, "position": self.config.position_lr_scale,
+                  "value": self.config.value_lr_scale}
         by_role: dict[str, list] = {name: [] for name in scales}
         for name, p in calm.bridge.named_parameters():
-            by_role[role.get(name.rsplit(".", 1)[-1], "other")].append(p)
+            by_role[parameter_role(name)].append(p)
+        if scales["value"] == 1.0:  # one group as before (checkpoints keep their optimizer layout)
+            by_role["other"] += by_role.pop("value")
+        # a group at scale 0 never moves (AdamW's decoupled decay is scaled by lr too) and is left out of clipping
+        self._trained = [p for r, ps in by_role.items() if scales[r] > 0 for p in ps]
         groups = [{"params": ps, "lr_scale": scales[r]} for r, ps in by_role.items() if ps or r == "other"]
         self.optimizer = torch.optim.AdamW(groups, lr=self.config.lr, weight_decay=self.config.weight_decay)
         self.step = 0
@@ -198,7 +217,7 @@ class Trainer:
                 p.grad = torch.zeros_like(p)
             self.dist.sum_(p.grad)
         if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(calm.bridge.parameters(), cfg.grad_clip)
+            torch.nn.utils.clip_grad_norm_(self._trained, cfg.grad_clip)
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.lr * group["lr_scale"] * lr_factor(self.step, cfg.warmup_steps, cfg.steps)
         self.optimizer.step()

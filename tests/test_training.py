@@ -9,7 +9,7 @@ from calm_core import CALMConfig, ComposedLM
 from calm_core.batches import collate, prepare
 from calm_core.bridge import noisy_augment_states
 from calm_core.data import Example
-from calm_core.training import TrainConfig, Trainer
+from calm_core.training import TrainConfig, Trainer, parameter_role
 
 from .conftest import make_pair, randomize_bridge
 
@@ -173,9 +173,12 @@ def test_the_frozen_cache_trains_the_same_bridge(tokenizers, insert, layers):
         torch.testing.assert_close(bridges[0][name], bridges[1][name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-@pytest.mark.parametrize("gate_scale,position_scale", [(1.0, 1.0), (10.0, 1.0), (1.0, 25.0), (5.0, 25.0)])
-def test_learning_rate_scales_move_only_their_parameters_faster(tokenizers, gate_scale, position_scale):
-    """gate_lr_scale: the tanh gates; position_lr_scale: the recency biases and null keys; the rest at lr."""
+@pytest.mark.parametrize("gate_scale,position_scale,value_scale",
+                         [(1.0, 1.0, 1.0), (10.0, 1.0, 1.0), (1.0, 25.0, 1.0), (5.0, 25.0, 1.0), (1.0, 1.0, 0.0),
+                          (5.0, 1.0, 0.5)])
+def test_learning_rate_scales_move_only_their_parameters_faster(tokenizers, gate_scale, position_scale, value_scale):
+    """gate_lr_scale: the tanh gates; position_lr_scale: the recency biases and null keys; value_lr_scale: the
+    projection, value and output maps (0: not moved at all); the rest at lr."""
     def first_step(**scales):
         anchor = make_pair("gpt2", tokenizers["char_bos"], layers=2, width=32, seed=1)
         augment = make_pair("llama", tokenizers["bpe"], layers=2, width=24, seed=2)
@@ -186,20 +189,27 @@ def test_learning_rate_scales_move_only_their_parameters_faster(tokenizers, gate
         Trainer(calm, reverse_task(16, 0), None, config(steps=1, warmup_steps=1, **scales)).train()
         return {n: (p.detach() - before[n]).abs().max() for n, p in calm.bridge.named_parameters()}
 
-    base, scaled = first_step(), first_step(gate_lr_scale=gate_scale, position_lr_scale=position_scale)
+    base = first_step()
+    scaled = first_step(gate_lr_scale=gate_scale, position_lr_scale=position_scale, value_lr_scale=value_scale)
     assert any(n.endswith(".recency") for n in base) and all(v > 0 for v in base.values())
+    assert {parameter_role(n) for n in base} == {"gate", "position", "value", "other"}
     for name in base:
-        leaf = name.rsplit(".", 1)[-1]
-        ratio = gate_scale if leaf == "gate" else position_scale if leaf in ("recency", "null_key") else 1.0
-        torch.testing.assert_close(scaled[name], base[name] * ratio, rtol=1e-3, atol=1e-9)
+        module, leaf = name.rsplit(".", 2)[-2:]
+        ratio = (gate_scale if leaf == "gate" else position_scale if leaf in ("recency", "null_key") else
+                 value_scale if module in ("proj", "v", "o") else 1.0)
+        if ratio == 0:
+            assert scaled[name] == 0, name
+        else:  # Adam's first step is about lr per parameter whatever the gradient's size
+            torch.testing.assert_close(scaled[name], base[name] * ratio, rtol=1e-3, atol=1e-9)
 
 
-@pytest.mark.parametrize("name", ["gate_lr_scale", "position_lr_scale"])
-def test_learning_rate_scales_must_be_positive(name):
+@pytest.mark.parametrize("name,value", [("gate_lr_scale", 0), ("position_lr_scale", 0), ("value_lr_scale", -1),
+                                        ("value_lr_scale", float("nan"))])
+def test_learning_rate_scales_must_be_positive(name, value):
     from calm_core.errors import CALMError
 
     with pytest.raises(CALMError, match=name):
-        TrainConfig(**{name: 0})
+        TrainConfig(**{name: value})
 
 
 def test_augment_noise_is_relative_and_cleared_after_use(calm):

@@ -68,7 +68,8 @@ def bridge_config(s):
     layers = (dict(every=every) if every else
               dict(anchor_layers=list(s.compose_anchor_layers), augment_layers=list(s.compose_augment_layers)))
     return CALMConfig(**layers, gate=s.gate, insert=s.compose_insert, recency=s.compose_recency,
-                      null_slot=s.compose_null_slot, window=s.compose_window)
+                      null_slot=s.compose_null_slot, window=s.compose_window,
+                      relative=getattr(s, "compose_relative", False))
 
 
 def compose(s, anchor, augment, tokenizer, files: dict, out_dir: Path | None, label: str = "CALM", prepare=None):
@@ -84,7 +85,10 @@ def compose(s, anchor, augment, tokenizer, files: dict, out_dir: Path | None, la
     val = [Example(p, c) for p, c in files["composition_validation"]]
     config = TrainConfig(steps=s.compose_steps, lr=s.compose_lr, batch_size=s.compose_batch, augment_noise=s.compose_noise,
                          warmup_steps=min(20, max(1, s.compose_steps // 10)), eval_every=max(1, s.compose_steps // 4),
-                         log_every=max(1, s.compose_steps // 12), seed=s.seed, progress=False)
+                         log_every=max(1, s.compose_steps // 12), seed=s.seed, progress=False,
+                         gate_lr_scale=getattr(s, "gate_lr_scale", 1.0),
+                         position_lr_scale=getattr(s, "position_lr_scale", 1.0),
+                         value_lr_scale=getattr(s, "value_lr_scale", 1.0))
     log(f"{label}: training the bridge ({calm.num_parameters()[0]:,d} parameters), {s.compose_steps} steps")
     t = time.perf_counter()
     result = Trainer(calm, train, val, config,

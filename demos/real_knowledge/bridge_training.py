@@ -94,7 +94,8 @@ def finetune_anchor(s, model, tok, rows, steps: int) -> dict:
         lr = s.finetune_lr * min(1.0, (step + 1) / max(1, min(20, steps // 10))) * 0.5 * (1 + math.cos(math.pi * step / steps))
         for g in opt.param_groups:
             g["lr"] = lr
-        loss = wrapped(input_ids=ids, attention_mask=mask, labels=labels).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=s.compose_bf16):  # as the bridge's steps
+            loss = wrapped(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -39,24 +39,28 @@ class Settings:
     # base models (from scratch)
     layers: int = 4
     width: int = 128
-    augment_steps: int = 400
-    anchor_steps: int = 400
+    augment_steps: int = 1500  # m_A glosses 92% of seen and 100% of unseen lone words (400 steps: 67 / 65%)
+    anchor_steps: int = 1000
     base_batch: int = 64
     base_lr: float = 3e-3
     gloss_drop: float = 0.3  # share of glosses left out of m_A's interlinear text
-    # the bridge: two blocks on the anchor's last layers, reading m_A's final state
-    compose_anchor_layers: list[int] = field(default_factory=lambda: [2, 3])
-    compose_augment_layers: list[int] = field(default_factory=lambda: [4, 4])
+    # the bridge: a block after every anchor layer, each reading m_A's final state
+    compose_anchor_layers: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
+    compose_augment_layers: list[int] = field(default_factory=lambda: [4, 4, 4, 4])
     vocab_init: bool = True  # value path started as the output-vocabulary map (calm_core.vocab_init)
     gate: str = "channel"
     compose_insert: str = "after"
     compose_recency: int = 0
     compose_null_slot: bool = True
     compose_window: int = 0
-    compose_steps: int = 600
+    compose_steps: int = 1200
     compose_batch: int = 16
     compose_lr: float = 3e-3
     compose_noise: float = 0.0
+    compose_relative: bool = False  # each block writes in units of the anchor stream's RMS (CALMConfig.relative)
+    gate_lr_scale: float = 30.0  # the gates' learning rate is compose_lr x this (TrainConfig.gate_lr_scale)
+    position_lr_scale: float = 1.0  # recency biases and null keys (TrainConfig.position_lr_scale)
+    value_lr_scale: float = 1.0  # 0: the value path stays the vocabulary map it started as (TrainConfig.value_lr_scale)
     # control: the anchor fine-tuned on the parallel set
     finetune_steps: int = 600
     finetune_lr: float = 1e-3

@@ -96,6 +96,7 @@ class Settings:
     threads: int = 2
     reuse_augment: str | None = None
     reuse_bridge: str | None = None  # a run folder whose bridge/ and table.json (training record) are reused
+    reuse_table: bool = False  # with reuse_bridge: take CALM's and the cheap controls' rows from its table.json
     controls: bool = True
 
     @classmethod
@@ -207,6 +208,22 @@ def by_form(rows, preds, extract) -> dict[str, float]:
     return out
 
 
+def evaluate_composition(s: Settings, calm, m_a, data) -> tuple[dict, dict, dict, dict]:
+    """(table, predictions, exact match by question form, general check): CALM, the anchor alone and m_A alone."""
+    table, preds = {ROW_TEST: {}, ROW_DEV: {}, ROW_SEEN: {}}, {}
+    for row, key in ((ROW_TEST, "test"), (ROW_DEV, "dev"), (ROW_SEEN, "seen")):
+        table[row]["CALM"], preds[f"CALM/{key}"] = exact(calm, data[key], s)
+    with calm.gate_scale(0.0):
+        table[ROW_TEST]["anchor alone"], preds["anchor/test"] = exact(calm, data["test"], s)
+        table[ROW_SEEN]["anchor alone"], _ = exact(calm, data["seen"], s)
+    m_a_alone = as_composed(*m_a)
+    table[ROW_TEST]["m_A alone (chat question)"], preds["m_A/test"] = exact(m_a_alone, data["test"], s)
+    table[ROW_TEST]["m_A alone (best prompt)"], preds["m_A best/completion_test"] = starts_with_answer(
+        m_a_alone, data["completion_test"], s)
+    forms = {"CALM": by_form(data["test"], preds["CALM/test"], answer)}
+    return table, preds, forms, general_check(calm, data["general"], s)
+
+
 def run(s: Settings, out: Path) -> dict:
     from . import preset_files, report
 
@@ -247,19 +264,16 @@ def run(s: Settings, out: Path) -> dict:
     calm.save_pretrained(out / "bridge")
 
     t = time.perf_counter()
-    table, preds = {ROW_TEST: {}, ROW_DEV: {}, ROW_SEEN: {}}, {}
-    for row, key in ((ROW_TEST, "test"), (ROW_DEV, "dev"), (ROW_SEEN, "seen")):
-        table[row]["CALM"], preds[f"CALM/{key}"] = exact(calm, data[key], s)
-    with calm.gate_scale(0.0):
-        table[ROW_TEST]["anchor alone"], preds["anchor/test"] = exact(calm, data["test"], s)
-        table[ROW_SEEN]["anchor alone"], _ = exact(calm, data["seen"], s)
-    m_a_alone = as_composed(*m_a)
-    table[ROW_TEST]["m_A alone (chat question)"], preds["m_A/test"] = exact(m_a_alone, data["test"], s)
-    table[ROW_TEST]["m_A alone (best prompt)"], preds["m_A best/completion_test"] = starts_with_answer(
-        m_a_alone, data["completion_test"], s)
-    forms = {"CALM": by_form(data["test"], preds["CALM/test"], answer)}
-    general = general_check(calm, data["general"], s)
-    times["evaluate_s"] = time.perf_counter() - t
+    if s.reuse_table:  # the reused run's own evaluation of this bridge (same settings and data): controls only
+        table, general, forms = earlier["table"], earlier["general"], earlier["by_form"]
+        kept = Path(s.reuse_bridge) / "predictions.json"
+        preds = ({k: [r["output"] for r in v] for k, v in json.loads(kept.read_text()).items()
+                  if not k.startswith(("ft/", "CALM0/"))} if kept.is_file() else {})
+        table.pop("general prompts: perplexity of written answers", None)
+        times["evaluate_s"] = earlier["times_s"]["evaluate_s"]
+    else:
+        table, preds, forms, general = evaluate_composition(s, calm, m_a, data)
+        times["evaluate_s"] = time.perf_counter() - t
 
     def save(controls={}):
         result = {"settings": asdict(s), "table": table, "times_s": times, "general": general, "by_form": forms,
@@ -314,6 +328,8 @@ def main(argv=None) -> None:
     ap.add_argument("--reuse-augment", default=None)
     ap.add_argument("--reuse-bridge", default=None)
     ap.add_argument("--no-controls", action="store_true")
+    ap.add_argument("--reuse-table", action="store_true",
+                    help="with --reuse-bridge: keep its evaluated rows and run the trained controls only")
     args = ap.parse_args(argv)
     s = Settings.smoke() if args.smoke else Settings()
     for item in args.set:
@@ -325,6 +341,10 @@ def main(argv=None) -> None:
         s.reuse_augment = args.reuse_augment
     if args.reuse_bridge:
         s.reuse_bridge = args.reuse_bridge
+    if args.reuse_table:
+        if not args.reuse_bridge:
+            raise SystemExit("--reuse-table needs --reuse-bridge (the run whose table.json it keeps)")
+        s.reuse_table = True
     if args.no_controls:
         s.controls = False
     out = Path(args.out or f"runs/real_knowledge/seed{s.seed}")

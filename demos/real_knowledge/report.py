@@ -20,7 +20,8 @@ COLUMN_NOTES = {
                                "(the knowledge m_A holds; not the task as asked), scored as right when the continuation begins with "
                                "the town (m_A never learned to end it)",
     "anchor + LoRA (composition data)": "SmolLM2 + LoRA trained on the same composition data (questions and "
-                                        "rehearsal), as many steps as the bridge ran, same batch",
+                                        "rehearsal), same batch; its steps are in the Controls line (by default as "
+                                        "many as the bridge ran)",
     "CALM with untrained m_A": "plain Gemma (never saw the world) composed and trained the same way, "
                                "early stopping included",
 }
@@ -73,6 +74,17 @@ def markdown(result: dict) -> str:
     for name, forms in (result.get("by_form") or {}).items():
         lines += ["", f"{name} on held-out people, by question form: " +
                   "; ".join(f"'{f.format(x='X')}' {v:.1f}%" for f, v in forms.items())]
+    c = result.get("controls") or {}
+    if c.get("finetune") or c.get("untrained"):
+        parts = []
+        if c.get("finetune"):
+            parts.append(f"anchor + LoRA trained {c['finetune']['steps']} steps (the bridge ran {b.get('steps_run')}), "
+                         f"final training loss {c['finetune']['loss_last'][-1]:.3f}")
+        if c.get("untrained"):
+            u = c["untrained"]
+            parts.append(f"the untrained-m_A bridge kept step {u['best_step']} of {u['steps_run']} (development "
+                         "checks: " + ", ".join(f"{x['step']}: {x['dev_exact']:.0f}%" for x in u["checks"]) + ")")
+        lines += ["", "Controls: " + "; ".join(parts) + "."]
     lines += ["", f"General prompts ({g['prompts']}): perplexity of written answers {g['perplexity_on']:.2f} with the "
               f"bridge on, {g['perplexity_off']:.2f} off (ratio {g['ratio']:.3f}); {g['identical_answers']} of "
               f"{g['prompts']} greedy answers identical.", "",

@@ -59,6 +59,7 @@ class Settings:
     compose_batch: int = 32
     compose_lr: float = 5e-3
     compose_noise: float = 0.5  # Gaussian noise on m_A states while the bridge trains (TrainConfig.augment_noise)
+    gate_lr_scale: float = 1.0  # the gates' learning rate is compose_lr x this (TrainConfig.gate_lr_scale)
     # what the bridge trains on over the training keys: "kv_math" (answered as m_B answers, + NUM-MATH) or
     # "kv_subs" (the paper's D_C: substitution only, no arithmetic)
     composition: str = "kv_math"

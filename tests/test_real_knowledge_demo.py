@@ -100,6 +100,16 @@ def test_smoke_pipeline_writes_a_table_and_a_preset_folder(tmp_path):
                                       augments=[load_augment(out / preset["augment_adapter"], pair["gemma"])])
     assert isinstance(calm.generate(chat(anchor[1], preset["example_prompts"][0]), max_new_tokens=2), str)
 
+    # --reuse-table: the trained controls alone, CALM's rows kept from the run that evaluated this bridge
+    again = Settings.smoke()
+    again.reuse_augment, again.reuse_bridge, again.reuse_table = str(out / "adapter"), str(out), True
+    controls = run(again, tmp_path / "controls")
+    kept = controls["table"]["exact match %, held-out entities"]
+    assert set(kept) == set(COLUMNS) and {k: kept[k] for k in row} == row
+    assert controls["times_s"]["evaluate_s"] >= written["times_s"]["evaluate_s"]
+    assert set(controls["controls"]) == {"finetune", "untrained"}
+    assert "Controls: anchor + LoRA trained" in (tmp_path / "controls" / "table.md").read_text()
+
 
 def test_the_shipped_preset_answers_held_out_people_the_anchor_cannot():
     """The shipped files (m_A's adapter, the bridge in bf16), loaded as the app loads them, asked about held-out

@@ -37,9 +37,12 @@ def parameter_role(name: str) -> str:
     """Which learning-rate group a bridge parameter belongs to: "gate", "position" (recency biases, null keys),
     "value" (the projection, value and output maps) or "other" (queries, keys, norms)."""
     module, _, leaf = name.rpartition(".")
-    if leaf in ("gate", "recency", "null_key"):
-        return "gate" if leaf == "gate" else "position"
+    if leaf in _LEAF_ROLES:
+        return _LEAF_ROLES[leaf]
     return "value" if module.rpartition(".")[2] in ("proj", "v", "o") else "other"
+
+
+_LEAF_ROLES = {"gate": "gate", "recency": "position", "null_key": "position"}
 
 
 @dataclass

@@ -233,6 +233,8 @@ def run(s: Settings, out: Path) -> dict:
     pair = prepared_pair()
     if pair is None:
         raise SystemExit("The real pair is not prepared: python -m calm_core.real_pair")
+    if s.reuse_table and not s.reuse_bridge:
+        raise SystemExit("reuse_table needs reuse_bridge (the run whose table.json it keeps)")
     times, t0 = {}, time.perf_counter()
     anchor = load_causal_lm(str(pair["smollm2"]))
     freeze(anchor[0].eval())
@@ -263,7 +265,6 @@ def run(s: Settings, out: Path) -> dict:
     times["bridge_train_s"] = bridge_info["seconds"]
     calm.save_pretrained(out / "bridge")
 
-    t = time.perf_counter()
     if s.reuse_table:  # the reused run's own evaluation of this bridge (same settings and data): controls only
         table, general, forms = earlier["table"], earlier["general"], earlier["by_form"]
         kept = Path(s.reuse_bridge) / "predictions.json"
@@ -272,6 +273,7 @@ def run(s: Settings, out: Path) -> dict:
         table.pop("general prompts: perplexity of written answers", None)
         times["evaluate_s"] = earlier["times_s"]["evaluate_s"]
     else:
+        t = time.perf_counter()
         table, preds, forms, general = evaluate_composition(s, calm, m_a, data)
         times["evaluate_s"] = time.perf_counter() - t
 

@@ -20,6 +20,7 @@ class Row:
     targets: list[bool]
     augment_ids: list[list[int]]
     augment_keys: list[list[int]]
+    keep_anchor: bool = False  # targets are the anchor alone's distribution (Example.keep_anchor)
 
     @property
     def num_targets(self) -> int:
@@ -75,7 +76,7 @@ def prepare(calm, examples: list[Example], max_length: int | None = None, append
                 augment_ids.append(list(a_ids))
                 augment_keys.append(list(a_keys))
             truncated += cut
-            rows.append(Row(row_ids, keys, targets, augment_ids, augment_keys))
+            rows.append(Row(row_ids, keys, targets, augment_ids, augment_keys, example.keep_anchor))
     return rows, truncated
 
 
@@ -119,3 +120,14 @@ def token_losses(logits: torch.Tensor, labels: torch.Tensor, positions: torch.Te
         shifted = labels[:, positions.to(logits.device) + 1]
     keep = shifted != -100
     return torch.nn.functional.cross_entropy(logits[keep].float(), shifted[keep], reduction="none")
+
+
+def anchor_kl_losses(logits: torch.Tensor, reference: torch.Tensor, labels: torch.Tensor,
+                     positions: torch.Tensor) -> torch.Tensor:
+    """KL(reference || composition) (N,) at each target token, row by row, in token_losses' order.
+    logits, reference: (B, len(positions), V) at `positions`; reference is the anchor alone's."""
+    shifted = labels.to(logits.device)[:, positions.to(logits.device) + 1]
+    keep = shifted != -100
+    log_p = torch.log_softmax(logits[keep].float(), -1)
+    log_q = torch.log_softmax(reference[keep].float(), -1)
+    return (log_q.exp() * (log_q - log_p)).sum(-1)

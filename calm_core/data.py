@@ -39,6 +39,9 @@ class DataError(CALMError):
 class Example:
     prompt: str  # context; no loss on it ("" for plain-text rows)
     completion: str  # the loss is on these characters (the whole text for `text` rows)
+    # True: the completion's tokens are trained toward the anchor alone's next-token distribution (KL), not
+    # toward the text: rehearsal rows that teach the bridge to leave the anchor as it was where m_A adds nothing
+    keep_anchor: bool = False
 
 
 @dataclass

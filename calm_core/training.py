@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file, save_file
 
-from .batches import collate, predicting_positions, token_losses
+from .batches import anchor_kl_losses, collate, predicting_positions, token_losses
 from .bridge import noisy_augment_states
 from .frozen_cache import FrozenStates, cache_bytes
 from .data import Example
@@ -203,7 +203,8 @@ class Trainer:
         generator = torch.Generator(self._device_type()).manual_seed(
             (cfg.seed * 1000003 + self.step) * 64 + self.dist.rank) if cfg.augment_noise else None
         for micro in self._micro_batches(indices):
-            batch, labels = collate(calm, [self.train_rows[i] for i in micro])
+            rows = [self.train_rows[i] for i in micro]
+            batch, labels = collate(calm, rows)
             states, prefix = None, None
             if use_cache:
                 self._states = self._states or FrozenStates(calm, self.train_rows)
@@ -212,7 +213,7 @@ class Trainer:
                     noisy_augment_states(calm.bridge.blocks(), cfg.augment_noise, generator):
                 positions = predicting_positions(labels)
                 logits = calm.forward(batch, augment_states=states, anchor_prefix=prefix, positions=positions)
-            losses = token_losses(logits, labels, positions)
+            losses = self._losses(rows, logits, labels, positions, prefix)
             (losses.sum() / total.clamp(min=1)).backward()
             loss_sum += losses.detach().sum().cpu()
         for p in calm.bridge.parameters():
@@ -227,6 +228,27 @@ class Trainer:
         self.step += 1
         loss = self.dist.sum_(loss_sum) / total.clamp(min=1)
         return float(loss), int(total)
+
+    def _losses(self, rows, logits, labels, positions, prefix) -> torch.Tensor:
+        """Per-token losses: cross-entropy on the text, KL to the anchor alone on keep_anchor rows' targets."""
+        kept = [b for b, row in enumerate(rows) if row.keep_anchor]
+        if not kept:
+            return token_losses(logits, labels, positions)
+        text_labels = labels.clone()
+        text_labels[kept] = -100
+        sub_rows = [rows[b] for b in kept]
+        sub_batch, sub_labels = collate(self.calm, sub_rows)
+        width = sub_labels.shape[1]
+        # the batch's positions, clipped to these rows' width: a clipped position predicts no target of theirs
+        sub_positions = positions.clamp(max=width - 1)
+        sub_prefix = None if prefix is None else prefix[kept][:, :width]
+        with torch.no_grad(), self.calm.gate_scale(0.0), \
+                torch.autocast(self._device_type(), dtype=torch.bfloat16, enabled=self.config.bf16):
+            reference = self.calm.forward(sub_batch, anchor_prefix=sub_prefix, positions=sub_positions)
+        padded = torch.full((len(kept), labels.shape[1]), -100, dtype=labels.dtype)
+        padded[:, :width] = sub_labels
+        return torch.cat([token_losses(logits, text_labels, positions),
+                          anchor_kl_losses(logits[kept], reference, padded, positions)])
 
     def _device_type(self) -> str:
         return next(self.calm.anchor.model.parameters()).device.type

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from calm_core import CALMConfig, ComposedLM
-from calm_core.batches import collate, prepare
+from calm_core.batches import anchor_kl_losses, collate, predicting_positions, prepare, token_losses
 from calm_core.bridge import noisy_augment_states
 from calm_core.data import Example
 from calm_core.training import TrainConfig, Trainer, parameter_role
@@ -368,3 +368,69 @@ def test_losses_from_the_predicting_positions_only_equal_those_from_every_positi
     assert len(full) == (labels != -100).sum() and torch.allclose(full, cut, atol=1e-5)
     for a, b in zip(full_grads, cut_grads):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def _anchor_kl(calm, examples) -> float:
+    """Mean KL(anchor alone || composition) over the examples' completion tokens."""
+    batch, labels = collate(calm, prepare(calm, examples)[0])
+    positions = predicting_positions(labels)
+    with torch.no_grad():
+        on = calm.forward(batch, positions=positions)
+        with calm.gate_scale(0.0):
+            off = calm.forward(batch, positions=positions)
+    return float(anchor_kl_losses(on, off, labels, positions).mean())
+
+
+def _keep(examples):
+    return [Example(e.prompt, e.completion, keep_anchor=True) for e in examples]
+
+
+def test_keep_anchor_rows_cost_nothing_while_the_bridge_is_the_anchor(calm):
+    """Gates at zero: the composition is the anchor, so rows trained toward the anchor alone have zero loss."""
+    seen = []
+    Trainer(calm, _keep(reverse_task(16, 0)), None, config(steps=1, log_every=1), callback=seen.append).train()
+    assert abs(seen[0]["loss"]) < 1e-6
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_keep_anchor_rows_pull_an_open_bridge_back_to_the_anchor(calm, cache):
+    randomize_bridge(calm, std=1.0)
+    rows = _keep(reverse_task(32, 0))
+    before = _anchor_kl(calm, rows)
+    Trainer(calm, rows, None, config(steps=150, lr=1e-2, cache_augment_states=cache)).train()
+    after = _anchor_kl(calm, rows)
+    assert before > 1e-3 and after < 0.5 * before, (before, after)
+
+
+def test_mixed_batches_train_text_rows_on_text_and_kept_rows_toward_the_anchor(tokenizers):
+    """Text rows keep their cross-entropy, kept rows get KL to the anchor alone; with and without the cache."""
+
+    def text_losses(calm, rows):
+        batch, labels = collate(calm, rows)
+        positions = predicting_positions(labels)
+        return token_losses(calm.forward(batch, positions=positions), labels, positions)
+
+    bridges = []
+    for cache in (False, True):
+        anchor = make_pair("llama", tokenizers["char_bos"], layers=4, width=32, seed=1)
+        augment = make_pair("gpt2", tokenizers["bpe"], layers=2, width=24, seed=2)
+        torch.manual_seed(0)
+        calm = ComposedLM(anchor, [augment], CALMConfig(anchor_layers=[1, 3], augment_layers=[0, 1]))
+        randomize_bridge(calm, std=0.2)
+        text, kept = reverse_task(6, 0), _keep(reverse_task(6, 1))
+        trainer = Trainer(calm, text + kept, None, config(steps=3, cache_augment_states=cache))
+        rows = [trainer.train_rows[i] for i in range(12)]
+        batch, labels = collate(calm, rows)
+        positions = predicting_positions(labels)
+        with torch.no_grad():
+            losses = trainer._losses(rows, calm.forward(batch, positions=positions), labels, positions, None)
+            expected_text = text_losses(calm, rows[:6])
+        assert losses.numel() == sum(r.num_targets for r in rows)
+        n = expected_text.numel()
+        torch.testing.assert_close(losses[:n], expected_text, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(losses[n:].mean(), torch.tensor(_anchor_kl(calm, kept)), atol=1e-6, rtol=1e-4)
+        assert losses[n:].min() >= -1e-6 and losses[n:].max() > 0
+        trainer.train()
+        bridges.append(calm.bridge.state_dict())
+    for name in bridges[0]:
+        torch.testing.assert_close(bridges[0][name], bridges[1][name], atol=1e-5, rtol=1e-4, msg=name)

@@ -34,7 +34,7 @@ def train_bridge(s, anchor, augment, data) -> tuple[ComposedLM, dict]:
         log("value init", init_value_path(calm, answers=[trained_answer(r["completion"]) for r in data["questions"]]))
     config = TrainConfig(steps=s.compose_steps, lr=s.compose_lr, batch_size=s.compose_batch,
                          warmup_steps=min(20, max(1, s.compose_steps // 10)), gate_lr_scale=s.gate_lr_scale,
-                         position_lr_scale=s.position_lr_scale,
+                         position_lr_scale=s.position_lr_scale, value_lr_scale=s.value_lr_scale,
                          augment_noise=s.augment_noise, log_every=min(10, s.check_every), eval_every=s.check_every,
                          eval_examples=64, seed=s.seed, progress=False, append_eos=False,
                          bf16=s.compose_bf16)

@@ -63,6 +63,7 @@ class Settings:
     # rehearsal: general prompts with the anchor's own answers, trained on beside the questions
     rehearsal: int = 100
     rehearsal_new_tokens: int = 40
+    rehearsal_kl: bool = False  # train rehearsal answers toward the anchor's whole next-token distribution (KL)
     # the bridge
     every: int = 6
     anchor_layers: list[int] | None = field(default_factory=lambda: [20, 23, 26, 29])
@@ -82,6 +83,7 @@ class Settings:
     compose_bf16: bool = True  # autocast the bridge's training steps (AMX CPUs: about 1.4x faster)
     gate_lr_scale: float = 5.0
     position_lr_scale: float = 25.0  # recency biases and null keys: must reach several units to pick a position
+    value_lr_scale: float = 1.0  # the value path (projection, value, output maps); 0 keeps value_init's vocabulary map
     augment_noise: float = 0.05
     check_every: int = 60  # steps between checks on the development people (early stopping)
     check_dev: int = 60
@@ -165,6 +167,7 @@ def rehearsal_rows(s: Settings, anchor) -> list[dict]:
     for r, a in zip(rows, answers):
         ended = len(tok(a, add_special_tokens=False)["input_ids"]) < s.rehearsal_new_tokens
         r["completion"] = a + (tok.eos_token if ended else "")
+        r["keep_anchor"] = s.rehearsal_kl
     return [r for r in rows if r["completion"].strip()]
 
 

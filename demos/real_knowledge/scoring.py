@@ -41,7 +41,7 @@ def chat(tok, question: str) -> str:
 
 
 def examples(rows) -> list[Example]:
-    return [Example(r["prompt"], r["completion"]) for r in rows]
+    return [Example(r["prompt"], r["completion"], r.get("keep_anchor", False)) for r in rows]
 
 
 def write_jsonl(path: Path, rows, keys=None) -> None:

@@ -83,7 +83,7 @@ def test_smoke_pipeline_writes_a_table_and_a_preset_folder(tmp_path):
     torch.set_num_threads(2)
     out = tmp_path / "real_knowledge"
     settings = Settings.smoke()
-    settings.controls = False  # the two trained controls double the time; `--smoke` on the command line runs them
+    settings.controls = []  # the two trained controls double the time; `--smoke` on the command line runs them
     result = run(settings, out)
     row = result["table"]["exact match %, held-out entities"]
     assert set(row) == set(COLUMNS[:4]) and all(0 <= v <= 100 for v in row.values())

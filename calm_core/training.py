@@ -183,7 +183,8 @@ class Trainer:
         return out
 
     def _cache_fits(self) -> bool:
-        return self.train_rows.complete and cache_bytes(self.calm, self.train_rows) <= self.config.cache_budget_mb * 2**20
+        return self.train_rows.complete and cache_bytes(self.calm, self.train_rows, 2 if self.config.bf16 else 4) \
+            <= self.config.cache_budget_mb * 2**20
 
     # ---- training -----------------------------------------------------------------------------
 
@@ -205,15 +206,17 @@ class Trainer:
         for micro in self._micro_batches(indices):
             rows = [self.train_rows[i] for i in micro]
             batch, labels = collate(calm, rows)
-            states, prefix = None, None
+            states, prefix, references = None, None, None
             if use_cache:
-                self._states = self._states or FrozenStates(calm, self.train_rows)
+                self._states = self._states or FrozenStates(calm, self.train_rows,
+                                                            torch.bfloat16 if cfg.bf16 else torch.float32)
                 states, prefix = self._states.batch(micro)
+                references = self._states.references(micro)
             with torch.autocast(self._device_type(), dtype=torch.bfloat16, enabled=cfg.bf16), \
                     noisy_augment_states(calm.bridge.blocks(), cfg.augment_noise, generator):
                 positions = predicting_positions(labels)
                 logits = calm.forward(batch, augment_states=states, anchor_prefix=prefix, positions=positions)
-            losses = self._losses(rows, logits, labels, positions, prefix)
+            losses = self._losses(rows, logits, labels, positions, prefix, references)
             (losses.sum() / total.clamp(min=1)).backward()
             loss_sum += losses.detach().sum().cpu()
         for p in calm.bridge.parameters():
@@ -229,13 +232,22 @@ class Trainer:
         loss = self.dist.sum_(loss_sum) / total.clamp(min=1)
         return float(loss), int(total)
 
-    def _losses(self, rows, logits, labels, positions, prefix) -> torch.Tensor:
-        """Per-token losses: cross-entropy on the text, KL to the anchor alone on keep_anchor rows' targets."""
+    def _losses(self, rows, logits, labels, positions, prefix=None, references=None) -> torch.Tensor:
+        """Per-token losses: cross-entropy on the text, KL to the anchor alone on keep_anchor rows' targets.
+        references: those rows' stored log-probabilities (FrozenStates); else the anchor runs here, no grad."""
         kept = [b for b, row in enumerate(rows) if row.keep_anchor]
         if not kept:
             return token_losses(logits, labels, positions)
         text_labels = labels.clone()
         text_labels[kept] = -100
+        losses = [token_losses(logits, text_labels, positions)]
+        if references is not None:
+            targets = labels[:, positions + 1] != -100  # (B, P)
+            for b, log_q in zip(kept, references):
+                log_p = torch.log_softmax(logits[b][targets[b].to(logits.device)].float(), -1)
+                log_q = log_q.to(log_p.device).float()
+                losses.append((log_q.exp() * (log_q - log_p)).sum(-1))
+            return torch.cat(losses)
         sub_rows = [rows[b] for b in kept]
         sub_batch, sub_labels = collate(self.calm, sub_rows)
         width = sub_labels.shape[1]
@@ -247,8 +259,7 @@ class Trainer:
             reference = self.calm.forward(sub_batch, anchor_prefix=sub_prefix, positions=sub_positions)
         padded = torch.full((len(kept), labels.shape[1]), -100, dtype=labels.dtype)
         padded[:, :width] = sub_labels
-        return torch.cat([token_losses(logits, text_labels, positions),
-                          anchor_kl_losses(logits[kept], reference, padded, positions)])
+        return torch.cat(losses + [anchor_kl_losses(logits[kept], reference, padded, positions)])
 
     def _device_type(self) -> str:
         return next(self.calm.anchor.model.parameters()).device.type

@@ -35,15 +35,26 @@ DEPARTURES = [
     "Every town starts with a token of its own in both tokenizers and is cut into the same pieces by both (the "
     "world is drawn so), so the bridge carries one choice among the towns, not a spelling; the trained answer "
     "starts with a space (' Daikroze'), which makes SmolLM2 cut the name as m_A does (the scoring strips it).",
-    "The bridge's value path starts as a least-squares map between the two models' output vocabularies "
-    "(calm_core/vocab_init.py; the paper's starts random), and its recency biases and null keys train at 25x the "
-    "learning rate (position_lr_scale).",
     "m_A was trained with the loss on the value tokens only (the encyclopedia sentence's name and phrasing given), "
     "two sentences to a row.",
-    "The composition data adds general questions with the anchor's own greedy answers (rehearsal; none of them is "
-    "an evaluation prompt), so that the bridge learns to leave the anchor alone where m_A has nothing to add; the "
-    "paper's composition data is the task's alone.",
 ]
+
+
+def departures(settings: dict) -> list[str]:
+    """DEPARTURES and the two that depend on the run's settings (the value path, the rehearsal loss)."""
+    frozen = settings.get("value_lr_scale", 1.0) == 0
+    value = ("The bridge's value path is a least-squares map between the two models' output vocabularies "
+             "(calm_core/vocab_init.py), " + ("kept fixed: only where to read (queries, keys, recency biases, null "
+             "keys) and the gates are trained" if frozen else "trained from there") + "; the paper's value path "
+             "starts random and is trained. Recency biases and null keys train at "
+             f"{settings.get('position_lr_scale', 1.0):g}x the learning rate (position_lr_scale).")
+    kl = settings.get("rehearsal_kl", False)
+    rehearsal = ("The composition data adds general questions answered by the anchor itself (rehearsal; none of "
+                 "them is an evaluation prompt), " + ("on which the bridge is trained toward the anchor alone's "
+                 "next-token distributions (KL, calm_core Example.keep_anchor)" if kl else "trained on the anchor's "
+                 "greedy answers") + ", so that it learns to leave the anchor alone where m_A has nothing to add; "
+                 "the paper's composition data is the task's alone.")
+    return DEPARTURES[:3] + [value] + DEPARTURES[3:] + [rehearsal]
 
 
 def fmt(v) -> str:
@@ -79,7 +90,8 @@ def markdown(result: dict) -> str:
         parts = []
         if c.get("finetune"):
             parts.append(f"anchor + LoRA trained {c['finetune']['steps']} steps (the bridge ran {b.get('steps_run')}), "
-                         f"final training loss {c['finetune']['loss_last'][-1]:.3f}")
+                         f"final training loss {c['finetune']['loss_last'][-1]:.3f}"
+                         + (f" ({c['finetune']['reused_from']})" if c["finetune"].get("reused_from") else ""))
         if c.get("untrained"):
             u = c["untrained"]
             parts.append(f"the untrained-m_A bridge kept step {u['best_step']} of {u['steps_run']} (development "
@@ -90,14 +102,14 @@ def markdown(result: dict) -> str:
               f"{g['prompts']} greedy answers identical.", "",
               "Times (s, wall, 2 CPU cores): " + ", ".join(f"{k} {v:.0f}" for k, v in t.items()),
               "", "Columns: " + "; ".join(f"**{k}**: {v}" for k, v in COLUMN_NOTES.items() if k in cols), "",
-              "Protocol: " + PROTOCOL, "", "Departures from the paper: " + " ".join(DEPARTURES)]
+              "Protocol: " + PROTOCOL, "", "Departures from the paper: " + " ".join(departures(result.get("settings") or {}))]
     return "\n".join(lines) + "\n"
 
 
 def write(out: Path, result: dict, settings=None) -> None:
     out = Path(out)
     data = {"table": result["table"], "times_s": result["times_s"], "general": result["general"],
-            "protocol": PROTOCOL, "column_notes": COLUMN_NOTES, "departures": DEPARTURES,
+            "protocol": PROTOCOL, "column_notes": COLUMN_NOTES, "departures": departures(result.get("settings") or {}),
             "answer_formats": {"question": "chat template, user turn = the question",
                                "answer": "a space, the town, then <|im_end|>"},
             "counts": result.get("counts"), "settings": result.get("settings"),

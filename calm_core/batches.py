@@ -121,13 +121,3 @@ def token_losses(logits: torch.Tensor, labels: torch.Tensor, positions: torch.Te
     keep = shifted != -100
     return torch.nn.functional.cross_entropy(logits[keep].float(), shifted[keep], reduction="none")
 
-
-def anchor_kl_losses(logits: torch.Tensor, reference: torch.Tensor, labels: torch.Tensor,
-                     positions: torch.Tensor) -> torch.Tensor:
-    """KL(reference || composition) (N,) at each target token, row by row, in token_losses' order.
-    logits, reference: (B, len(positions), V) at `positions`; reference is the anchor alone's."""
-    shifted = labels.to(logits.device)[:, positions.to(logits.device) + 1]
-    keep = shifted != -100
-    log_p = torch.log_softmax(logits[keep].float(), -1)
-    log_q = torch.log_softmax(reference[keep].float(), -1)
-    return (log_q.exp() * (log_q - log_p)).sum(-1)

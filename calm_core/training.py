@@ -22,7 +22,8 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file, save_file
 
-from .batches import anchor_kl_losses, collate, predicting_positions, token_losses
+from .anchor_targets import kept_row_losses
+from .batches import collate, predicting_positions, token_losses
 from .bridge import noisy_augment_states
 from .frozen_cache import FrozenStates, cache_bytes
 from .data import Example
@@ -233,33 +234,16 @@ class Trainer:
         return float(loss), int(total)
 
     def _losses(self, rows, logits, labels, positions, prefix=None, references=None) -> torch.Tensor:
-        """Per-token losses: cross-entropy on the text, KL to the anchor alone on keep_anchor rows' targets.
-        references: those rows' stored log-probabilities (FrozenStates); else the anchor runs here, no grad."""
+        """Per-token losses: cross-entropy on the text, KL to the anchor alone on keep_anchor rows' targets
+        (anchor_targets.py; references: those rows' stored log-probabilities, else the anchor runs there)."""
         kept = [b for b, row in enumerate(rows) if row.keep_anchor]
         if not kept:
             return token_losses(logits, labels, positions)
         text_labels = labels.clone()
         text_labels[kept] = -100
-        losses = [token_losses(logits, text_labels, positions)]
-        if references is not None:
-            targets = labels[:, positions + 1] != -100  # (B, P)
-            for b, log_q in zip(kept, references):
-                log_p = torch.log_softmax(logits[b][targets[b].to(logits.device)].float(), -1)
-                log_q = log_q.to(log_p.device).float()
-                losses.append((log_q.exp() * (log_q - log_p)).sum(-1))
-            return torch.cat(losses)
-        sub_rows = [rows[b] for b in kept]
-        sub_batch, sub_labels = collate(self.calm, sub_rows)
-        width = sub_labels.shape[1]
-        # the batch's positions, clipped to these rows' width: a clipped position predicts no target of theirs
-        sub_positions = positions.clamp(max=width - 1)
-        sub_prefix = None if prefix is None else prefix[kept][:, :width]
-        with torch.no_grad(), self.calm.gate_scale(0.0), \
-                torch.autocast(self._device_type(), dtype=torch.bfloat16, enabled=self.config.bf16):
-            reference = self.calm.forward(sub_batch, anchor_prefix=sub_prefix, positions=sub_positions)
-        padded = torch.full((len(kept), labels.shape[1]), -100, dtype=labels.dtype)
-        padded[:, :width] = sub_labels
-        return torch.cat(losses + [anchor_kl_losses(logits[kept], reference, padded, positions)])
+        return torch.cat([token_losses(logits, text_labels, positions),
+                          kept_row_losses(self.calm, rows, kept, logits, labels, positions, prefix, references,
+                                          self.config.bf16)])
 
     def _device_type(self) -> str:
         return next(self.calm.anchor.model.parameters()).device.type

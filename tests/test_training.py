@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from calm_core import CALMConfig, ComposedLM
-from calm_core.batches import anchor_kl_losses, collate, predicting_positions, prepare, token_losses
+from calm_core.anchor_targets import anchor_kl_losses
+from calm_core.batches import collate, predicting_positions, prepare, token_losses
 from calm_core.bridge import noisy_augment_states
 from calm_core.data import Example
 from calm_core.training import TrainConfig, Trainer, parameter_role

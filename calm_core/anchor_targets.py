@@ -1,0 +1,50 @@
+"""Rows trained toward the anchor alone (Example.keep_anchor): KL(anchor alone || composition) at their targets.
+
+Rehearsal rows teach a bridge to leave the anchor as it was where the augmenting model has nothing to add.
+Cross-entropy on the anchor's own greedy answer says that only about one word per position; the KL keeps the
+anchor's whole next-token distribution (on the real pair: general-prompt perplexity ratio 1.90 -> 1.11,
+demos/real_knowledge/README.md). The reference is the same composition with every gate scaled to 0, which is the
+anchor exactly; it depends on the text alone, so the trainer stores it with the other frozen states
+(frozen_cache.py) or, with the cache off, computes it here without grad.
+"""
+from __future__ import annotations
+
+import torch
+
+from .batches import collate
+
+
+def anchor_kl_losses(logits: torch.Tensor, reference: torch.Tensor, labels: torch.Tensor,
+                     positions: torch.Tensor) -> torch.Tensor:
+    """KL(reference || composition) (N,) at each target token, row by row, in token_losses' order.
+    logits, reference: (B, len(positions), V) at `positions`; reference is the anchor alone's."""
+    shifted = labels.to(logits.device)[:, positions.to(logits.device) + 1]
+    keep = shifted != -100
+    log_p = torch.log_softmax(logits[keep].float(), -1)
+    log_q = torch.log_softmax(reference[keep].float(), -1)
+    return (log_q.exp() * (log_q - log_p)).sum(-1)
+
+
+def kept_row_losses(calm, rows, kept: list[int], logits, labels, positions, prefix=None, references=None,
+                    bf16: bool = False) -> torch.Tensor:
+    """KL losses (N,) of the rows `kept` (indices into the batch), row by row.
+    references: their stored (targets, V) log-probabilities (FrozenStates.references); None: run the anchor."""
+    if references is not None:
+        targets = labels[:, positions + 1] != -100  # (B, P)
+        losses = []
+        for b, log_q in zip(kept, references):
+            log_p = torch.log_softmax(logits[b][targets[b].to(logits.device)].float(), -1)
+            log_q = log_q.to(log_p.device).float()
+            losses.append((log_q.exp() * (log_q - log_p)).sum(-1))
+        return torch.cat(losses)
+    sub_batch, sub_labels = collate(calm, [rows[b] for b in kept])
+    width = sub_labels.shape[1]
+    # the batch's positions, clipped to these rows' width: a clipped position predicts no target of theirs
+    sub_positions = positions.clamp(max=width - 1)
+    sub_prefix = None if prefix is None else prefix[kept][:, :width]
+    device_type = logits.device.type
+    with torch.no_grad(), calm.gate_scale(0.0), torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
+        reference = calm.forward(sub_batch, anchor_prefix=sub_prefix, positions=sub_positions)
+    padded = torch.full((len(kept), labels.shape[1]), -100, dtype=labels.dtype)
+    padded[:, :width] = sub_labels
+    return anchor_kl_losses(logits[kept], reference, padded, positions)

@@ -20,8 +20,13 @@ def anchor_kl_losses(logits: torch.Tensor, reference: torch.Tensor, labels: torc
     logits, reference: (B, len(positions), V) at `positions`; reference is the anchor alone's."""
     shifted = labels.to(logits.device)[:, positions.to(logits.device) + 1]
     keep = shifted != -100
-    log_p = torch.log_softmax(logits[keep].float(), -1)
-    log_q = torch.log_softmax(reference[keep].float(), -1)
+    return kl_to_reference(torch.log_softmax(reference[keep].float(), -1), logits[keep])
+
+
+def kl_to_reference(log_q: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KL(q || softmax(logits)) (N,) for reference log-probabilities log_q (N, V) and logits (N, V)."""
+    log_p = torch.log_softmax(logits.float(), -1)
+    log_q = log_q.to(log_p.device).float()
     return (log_q.exp() * (log_q - log_p)).sum(-1)
 
 
@@ -31,12 +36,8 @@ def kept_row_losses(calm, rows, kept: list[int], logits, labels, positions, pref
     references: their stored (targets, V) log-probabilities (FrozenStates.references); None: run the anchor."""
     if references is not None:
         targets = labels[:, positions + 1] != -100  # (B, P)
-        losses = []
-        for b, log_q in zip(kept, references):
-            log_p = torch.log_softmax(logits[b][targets[b].to(logits.device)].float(), -1)
-            log_q = log_q.to(log_p.device).float()
-            losses.append((log_q.exp() * (log_q - log_p)).sum(-1))
-        return torch.cat(losses)
+        return torch.cat([kl_to_reference(log_q, logits[b][targets[b].to(logits.device)])
+                          for b, log_q in zip(kept, references)])
     sub_batch, sub_labels = collate(calm, [rows[b] for b in kept])
     width = sub_labels.shape[1]
     # the batch's positions, clipped to these rows' width: a clipped position predicts no target of theirs

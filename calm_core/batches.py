@@ -120,4 +120,3 @@ def token_losses(logits: torch.Tensor, labels: torch.Tensor, positions: torch.Te
         shifted = labels[:, positions.to(logits.device) + 1]
     keep = shifted != -100
     return torch.nn.functional.cross_entropy(logits[keep].float(), shifted[keep], reduction="none")
-

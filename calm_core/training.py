@@ -184,8 +184,13 @@ class Trainer:
         return out
 
     def _cache_fits(self) -> bool:
-        return self.train_rows.complete and cache_bytes(self.calm, self.train_rows, 2 if self.config.bf16 else 4) \
+        return self.train_rows.complete and cache_bytes(self.calm, self.train_rows, self._reference_dtype.itemsize) \
             <= self.config.cache_budget_mb * 2**20
+
+    @property
+    def _reference_dtype(self) -> torch.dtype:
+        """How keep_anchor rows' reference log-probabilities are stored: as precise as the steps that use them."""
+        return torch.bfloat16 if self.config.bf16 else torch.float32
 
     # ---- training -----------------------------------------------------------------------------
 
@@ -209,8 +214,7 @@ class Trainer:
             batch, labels = collate(calm, rows)
             states, prefix, references = None, None, None
             if use_cache:
-                self._states = self._states or FrozenStates(calm, self.train_rows,
-                                                            torch.bfloat16 if cfg.bf16 else torch.float32)
+                self._states = self._states or FrozenStates(calm, self.train_rows, self._reference_dtype)
                 states, prefix = self._states.batch(micro)
                 references = self._states.references(micro)
             with torch.autocast(self._device_type(), dtype=torch.bfloat16, enabled=cfg.bf16), \

@@ -209,6 +209,10 @@ def test_kv_smoke_pipeline(tmp_path):
     written = json.loads((tmp_path / "table.json").read_text())
     assert {"protocol", "answer_formats", "column_notes", "departures"} <= set(written)
     assert not list(tmp_path.glob("*.done"))  # the base models' hand-over markers are cleaned up
+    # a smoke m_B cannot compute after 20 steps: it trains one more round (anchor_extra_rounds=1), recorded
+    trained = written["base_trained"]
+    assert trained["anchor"]["extra_rounds"] == 1 and trained["anchor"]["steps"] == 40
+    assert 0 <= trained["anchor"]["num_math_probe"] < 0.7 and trained["augment"]["extra_rounds"] == 0
     from demos.kv_arithmetic.report import table_figure
 
     assert len(table_figure(table).data) >= 5

@@ -134,6 +134,12 @@ def test_base_from_copies_a_base_model_only_when_what_shapes_it_is_the_same(tmp_
     (source / "table.json").write_text(json.dumps({"settings": record}))
     assert copy_base("augment", s, kv, source, tmp_path / "c")
     assert not copy_base("augment", dataclasses.replace(s, digit_embeddings=False), kv, source, tmp_path / "d")
+    # a setting added later counts at the value those runs had (m_B's NUM-MATH check off), not today's default
+    anchor_record = asdict(s)
+    anchor_record.pop("anchor_min_num_math")
+    (source / "anchor" / TRAINED_WITH).write_text(json.dumps(anchor_record))
+    assert not copy_base("anchor", s, kv, source, tmp_path / "f")
+    assert copy_base("anchor", dataclasses.replace(s, anchor_min_num_math=0.0), kv, source, tmp_path / "g")
     (source / "augment" / TRAINED_WITH).write_text(json.dumps({"unfinished": True}))  # killed while training
     assert not copy_base("augment", s, kv, source, tmp_path / "e")
 

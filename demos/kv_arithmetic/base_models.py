@@ -8,6 +8,7 @@ same: so an ablation of the bridge retrains nothing, and one of m_B's recipe ret
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import time
 from dataclasses import asdict
@@ -57,15 +58,33 @@ def train_one_base(name: str, s: Settings, kv: D.KVSpace, files: dict, out: Path
         save_model(model, tok, out / name)
         return {metric: exact_match_bare(model, tok, rows)}
 
-    train_lm(model, tok, sampler, steps, batch, s.base_lr, warmup=warmup, seed=seed, log_every=max(1, steps // 20),
-             eval_every=max(1, steps // 20) * 4, evaluate=check, log=lambda m: log(f"{prefix}{m}"),
-             value_layers=value_layers, value_regression=name == "augment" and s.augment_value_regression,
-             operand_noise=noise, every_step=more_threads_when_alone(out, name, threads, s.threads))
+    extra, probe = 0, None
+    while True:
+        train_lm(model, tok, sampler, steps, batch, s.base_lr, warmup=warmup, seed=seed + 1000 * extra,
+                 log_every=max(1, steps // 20), eval_every=max(1, steps // 20) * 4, evaluate=check,
+                 log=lambda m: log(f"{prefix}{m}"), value_layers=value_layers,
+                 value_regression=name == "augment" and s.augment_value_regression,
+                 operand_noise=noise, every_step=more_threads_when_alone(out, name, threads, s.threads))
+        if name != "anchor" or not s.anchor_min_num_math:
+            break
+        probe = exact_match_bare(model, tok, anchor_probe(s))
+        if probe >= s.anchor_min_num_math or extra >= s.anchor_extra_rounds:
+            break
+        extra += 1
+        log(f"m_B computes {probe:.1%} of its NUM-MATH probe (< {s.anchor_min_num_math:.0%}): "
+            f"training on, round {extra} of at most {s.anchor_extra_rounds} ({steps} steps, schedule restarted)")
     seconds = time.perf_counter() - t
     save_model(model, tok, out / name)
-    (out / name / TRAINED_WITH).write_text(json.dumps(asdict(s)))  # what a later run checks before copying it
+    record = {**asdict(s), "trained": {"steps": steps * (extra + 1), "extra_rounds": extra, "num_math_probe": probe}}
+    (out / name / TRAINED_WITH).write_text(json.dumps(record))  # what a later run checks before copying it
     (out / f"{name}.done").touch()
     return seconds
+
+
+def anchor_probe(s: Settings, n: int = 200) -> list[tuple[str, str]]:
+    """m_B's own NUM-MATH probe: random expressions from a seed no data set uses (never an evaluation row)."""
+    rng = random.Random(s.seed + 13)
+    return [D.num_math_random(rng, s.keys, s.operands) for _ in range(n)]
 
 
 def more_threads_when_alone(out: Path, name: str, threads: int, all_threads: int):

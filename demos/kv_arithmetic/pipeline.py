@@ -16,7 +16,7 @@ import torch
 
 from . import data as D
 from .base import add_settings_arguments, apply_arguments, build_model, load_model, log, train_lm
-from .base_models import train_base
+from .base_models import train_base, trained_with
 from .settings import Settings, for_run
 
 
@@ -200,7 +200,9 @@ def run(s: Settings, out: Path, controls: bool = True, until: str | None = None)
 
     print("\n" + markdown(table, settings=asdict(s)) + "\n", flush=True)
     meta = {"settings": asdict(s), "times_s": {k: round(v, 1) for k, v in times.items()},
-            "eval_examples": s.eval_examples, "compose_history": comp["history"], "base_copied": base["copied"]}
+            "eval_examples": s.eval_examples, "compose_history": comp["history"], "base_copied": base["copied"],
+            # steps each base model took (m_B trains on below anchor_min_num_math) and m_B's probe at the end
+            "base_trained": {n: (trained_with(out, n) or {}).get("trained") for n in ("augment", "anchor")}}
     save(table, out, meta)
     held = files["eval_kv_math_heldout"]
     trained_on = "substitution (KV-SUBS, no arithmetic)" if s.composition == "kv_subs" else "arithmetic"

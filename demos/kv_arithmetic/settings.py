@@ -43,6 +43,11 @@ class Settings:
     anchor_restate: bool = True  # m_B answers expressions with word operands as "95+22=117" (recipes.anchor_sampler)
     # share of those given "95+22=" with other values in the words: m_B computes from what it wrote (finding 16)
     anchor_given: float = 0.5
+    # m_B must compute before it is composed: below this NUM-MATH exact match (in [0, 1]; 0 = off) on a probe of
+    # its own (fresh random expressions, never an evaluation row) it trains on, anchor_steps more with a restarted
+    # schedule, at most anchor_extra_rounds times (seed 1 of the fresh tables: m_B 7.3% after 1500 steps)
+    anchor_min_num_math: float = 0.7
+    anchor_extra_rounds: int = 2
     parallel_base: bool = True
     # composition (the bridge)
     # into the anchor's token embeddings (layer 0, "before"), where m_B reads a word's value, from m_A's
@@ -81,7 +86,8 @@ class Settings:
         return cls(keys=30, augment_layers=2, anchor_layers=2, width=32, augment_steps=20, anchor_steps=20,
                    augment_batch=16, anchor_batch=16, augment_value_layers=[1], augment_value_regression=True,
                    anchor_value_layers=[1], compose_anchor_layers=[1], compose_augment_layers=[1], compose_recency=2,
-                   compose_steps=10, compose_batch=8, compose_examples=60, finetune_steps=10, eval_examples=12)
+                   compose_steps=10, compose_batch=8, compose_examples=60, finetune_steps=10, eval_examples=12,
+                   anchor_extra_rounds=1)
 
 
 # The paper's protocol (section 4.1) within this demo: m_A trained on KV-SUBS only, m_B on NUM-MATH only, with
@@ -129,13 +135,18 @@ BASE_FIELDS = {
     "augment": _SHARED + ("augment_layers", "augment_steps", "augment_batch", "augment_lookups", "kv_subs_end",
                           "augment_value_layers", "augment_at_last_letter", "augment_value_regression"),
     "anchor": _SHARED + ("anchor_layers", "anchor_steps", "anchor_batch", "anchor_value_layers", "anchor_labels",
-                         "anchor_merged", "anchor_operand_noise", "anchor_restate", "anchor_given"),
+                         "anchor_merged", "anchor_operand_noise", "anchor_restate", "anchor_given",
+                         "anchor_min_num_math", "anchor_extra_rounds"),
 }
 
 
 def base_differences(name: str, trained_with: dict, s: Settings) -> list[str]:
     """The settings that shape base model `name` ("augment" or "anchor") and differ between `trained_with`
-    (a recorded asdict(Settings); a field it lacks had its default then) and s."""
-    defaults = dataclasses.asdict(Settings())
+    (a recorded asdict(Settings); a field it lacks had its default, or its ADDED_LATER value) and s."""
+    defaults = {**dataclasses.asdict(Settings()), **ADDED_LATER}
     now = dataclasses.asdict(s)
     return [f for f in BASE_FIELDS[name] if trained_with.get(f, defaults[f]) != now[f]]
+
+
+# Settings added after some runs were recorded, with the value those runs had in effect (not today's default).
+ADDED_LATER = {"anchor_min_num_math": 0.0, "anchor_extra_rounds": 0}

@@ -25,6 +25,7 @@ import torch
 
 from calm_core import CALMConfig, load_causal_lm
 from calm_core.evaluation import as_composed, predictions
+from calm_core.model_cache import fast_bf16
 from calm_core.models import freeze
 from calm_core.real_pair import prepared_pair
 
@@ -56,7 +57,7 @@ class Settings:
     augment_lr: float = 1e-3
     augment_batch: int = 16  # sentences per step
     augment_pack: int = 2  # sentences per row, so that a fact is also recalled after other text
-    augment_bf16: bool = True
+    augment_bf16: bool | None = None  # autocast m_A's steps; None: where the processor has native bf16
     augment_epochs: int = 60
     augment_minutes: float = 30.0
     target_recall: float = 99.0
@@ -82,7 +83,9 @@ class Settings:
     compose_steps: int = 600
     compose_batch: int = 16
     compose_lr: float = 2e-3
-    compose_bf16: bool = True  # autocast the bridge's training steps (AMX CPUs: about 1.4x faster)
+    # autocast the bridge's (and the LoRA control's) training steps: about 1.4x faster on an AMX CPU, 5x slower
+    # on one without native bf16; None: calm_core.model_cache.fast_bf16 decides (the run records which)
+    compose_bf16: bool | None = None
     gate_lr_scale: float = 5.0
     position_lr_scale: float = 25.0  # recency biases and null keys: must reach several units to pick a position
     # the value path (projection, value, output maps): 0 keeps value_init's map between the vocabularies, so the
@@ -236,6 +239,9 @@ def run(s: Settings, out: Path) -> dict:
     from . import preset_files, report
 
     torch.set_num_threads(s.threads)
+    native = fast_bf16("cpu")
+    s.augment_bf16 = native if s.augment_bf16 is None else s.augment_bf16
+    s.compose_bf16 = native if s.compose_bf16 is None else s.compose_bf16
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     pair = prepared_pair()

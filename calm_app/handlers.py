@@ -152,7 +152,7 @@ def use_data(session, file, preset_file, prompt_col, completion_col, text_col, v
     else:
         raise CALMError("Upload a file or pick one of the preset's data sets.")
     return (f"Using **{splits.source}**: {len(splits.train):,} training, {len(splits.validation):,} validation examples "
-            f"({splits.shape}).")
+            f"({splits.shape}).{views.kept_note(splits)}")
 
 
 @friendly

@@ -65,7 +65,8 @@ def models_tab(w: SimpleNamespace, presets: list[str], default: str | None) -> N
 def data_tab(w: SimpleNamespace) -> None:
     gr.Markdown("The bridge learns from a few examples of the **combined skill** (the paper uses 5–20% of the domain "
                 "data). Upload CSV, JSON Lines, JSON, Parquet or text (up to 200 MB; large files: CSV or Parquet); "
-                "map its columns; train.")
+                "map its columns; train. An optional **keep_anchor** column (true/false) marks rehearsal rows, "
+                "trained toward what the anchor alone would say rather than toward their text.")
     with gr.Row():
         w.upload = gr.File(label="Upload data", file_types=DATA_TYPES, height=140)
         w.preset_data = gr.Dropdown([], label="…or a preset data set")

@@ -113,10 +113,19 @@ def data_outputs(session: LabSession):
     path = session.preset.train_file if session.preset else None
     rows = preview(path) if path else []
     columns = splits.columns
-    note = f"**{splits.source}** — {len(splits.train):,} training and {len(splits.validation):,} validation examples ({splits.shape})."
+    note = (f"**{splits.source}** — {len(splits.train):,} training and {len(splits.validation):,} validation examples "
+            f"({splits.shape}).{kept_note(splits)}")
     return (gr.update(value=[[r.get(c) for c in columns] for r in rows], headers=columns), note,
             *[gr.update(choices=["(none)"] + columns, value=default if default in columns else "(none)")
               for default in ("prompt", "completion", "text")])
+
+
+def kept_note(splits) -> str:
+    """What the keep_anchor column does to this data, when it has rows marked true."""
+    kept = splits.kept
+    return (f" {kept:,} training rows have **keep_anchor** true: their completions are trained toward the anchor "
+            "alone's own next-token distribution (rehearsal: the bridge learns to leave the anchor as it was there), "
+            "not toward their text." if kept else "")
 
 
 def train_view(run, labels):

@@ -13,14 +13,8 @@ applies; nothing from datasets, pyarrow or pandas reaches the caller.
 from __future__ import annotations
 
 import codecs
-import csv
-import io
 import json
-import os
 import random
-import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +44,8 @@ class DataConfig:
     prompt_column: str = "prompt"
     completion_column: str = "completion"
     column_map: dict[str, str] | None = None  # file column -> role; overrides the *_column names
+    # optional: rows with true here are trained toward the anchor alone (Example.keep_anchor); absent: none are
+    keep_anchor_column: str = "keep_anchor"
     validation_fraction: float = 0.1  # used when no separate validation file is given
     seed: int = 0
     max_file_bytes: int = 200 * _MB  # uploads over this are refused before reading
@@ -62,6 +58,13 @@ class DataSplits:
     shape: str  # "text" or "prompt_completion"
     columns: list[str]  # the (training) file's own column names
     source: str  # file name(s), for messages and run records
+
+    @property
+    def kept(self) -> int:
+        """How many training examples are trained toward the anchor alone (Example.keep_anchor)."""
+        if isinstance(self.train, ArrowExamples):
+            return self.train.kept()
+        return sum(e.keep_anchor for e in self.train)
 
 
 @dataclass
@@ -154,61 +157,6 @@ def _read_json(text: str, name: str) -> _Table:
     return _Table(_columns(records), records)
 
 
-def _explain(exc: BaseException, name: str, kind: str) -> DataError:
-    """Turn what pandas/pyarrow/datasets raised (the innermost cause) into a message about the file."""
-    while exc.__cause__ is not None or (exc.__context__ is not None and not exc.__suppress_context__):
-        exc = exc.__cause__ or exc.__context__
-    msg = str(exc).strip()
-    if m := re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", msg):
-        return DataError(f"{name}: malformed CSV at line {m[2]}: {m[3]} fields where the header has {m[1]}. "
-                         "Put values that contain commas in double quotes.")
-    if m := re.search(r"EOF inside string starting at row (\d+)", msg):  # pandas counts lines from 0 here
-        return DataError(f"{name}: malformed CSV: the quoted value that starts on line {int(m[1]) + 1} "
-                         "is never closed.")
-    if "corresponds to no data" in msg:
-        return DataError(f"{name}: the file has no rows.")
-    return DataError(f"{name}: could not be read as {kind.upper()}: {msg}")
-
-
-def _read_with_datasets(p: Path, name: str, kind: str, text: str | None) -> _Table:
-    import datasets
-    import pyarrow.parquet as pq
-
-    options: dict = {"encoding": "utf-8-sig"}
-    if kind == "csv":  # every column as text, exactly as written: no "08" -> 8, no "NA"/"None" -> null
-        try:
-            header = next((r for r in csv.reader(io.StringIO(text.split("\n", 1)[0])) if r), [])
-        except csv.Error as exc:
-            raise DataError(f"{name}: malformed CSV header: {exc}.") from exc
-        if len(set(header)) != len(header) or not all(header):
-            raise DataError(f"{name}: the header needs a distinct, non-empty name for every column; it is {header}.")
-        options.update(features=datasets.Features({c: datasets.Value("string") for c in header}),
-                       na_filter=False, keep_default_na=False)
-    elif kind == "parquet":  # datasets fails on a 0-row file ("BatchSize must be greater than 0")
-        try:
-            n_rows = pq.read_metadata(p).num_rows
-        except Exception as exc:
-            raise DataError(f"{name}: not a readable Parquet file ({exc}).") from exc
-        if n_rows == 0:
-            raise DataError(f"{name}: the file has no rows.")
-        options = {}
-    with tempfile.TemporaryDirectory(prefix="calm-data-") as tmp:
-        link = Path(tmp, "input", "data" + p.suffix.lower())
-        link.parent.mkdir()
-        try:
-            os.symlink(p.resolve(), link)
-        except OSError:
-            shutil.copyfile(p, link)
-        try:
-            ds = datasets.load_dataset({"txt": "text"}.get(kind, kind), data_files=str(link), split="train",
-                                       cache_dir=str(Path(tmp, "cache")), keep_in_memory=True, **options)
-            arrow = ds.data.table
-            del ds
-        except Exception as exc:  # whatever the readers raise, the user gets a message about the file
-            raise _explain(exc, name, kind) from exc
-    return arrow_table(arrow, kind, _Table)
-
-
 def _read(path, config: DataConfig) -> tuple[_Table, str, str]:
     p = Path(path)
     name = p.name or str(p)
@@ -233,7 +181,7 @@ def _read(path, config: DataConfig) -> tuple[_Table, str, str]:
     else:
         text = _decode(p.read_bytes(), name)
     reader = {"jsonl": _read_jsonl, "json": _read_json}.get(kind)
-    table = reader(text, name) if reader else _read_with_datasets(p, name, kind, text)
+    table = reader(text, name) if reader else read_with_datasets(p, name, kind, text, _Table)
     if not table.rows:
         raise DataError(f"{name}: the file has no rows" + (" (only a header)." if kind == "csv" else "."))
     return table, name, kind
@@ -316,15 +264,36 @@ def _load(path, config: DataConfig) -> tuple[_Table, dict[str, str], str]:
 
 def load_examples(path, config: DataConfig | None = None) -> tuple[list[Example], str, list[str]]:
     """(examples, shape, the file's columns); any problem with the file is a DataError."""
-    table, roles, shape = _load(path, config or DataConfig())
+    config = config or DataConfig()
+    table, roles, shape = _load(path, config)
+    keep = config.keep_anchor_column if config.keep_anchor_column in table.columns else None
     if table.arrow is not None:
         column = table.arrow.column
+        flags = keep_anchor_flags(table, Path(path).name, keep) if keep else None
         if shape == "text":
-            return ArrowExamples(None, column(roles["text"])), shape, table.columns
-        return ArrowExamples(column(roles["prompt"]), column(roles["completion"])), shape, table.columns
+            return ArrowExamples(None, column(roles["text"]), keep=flags), shape, table.columns
+        return ArrowExamples(column(roles["prompt"]), column(roles["completion"]), keep=flags), shape, table.columns
+    flags = _keep_anchor_rows(table, Path(path).name, keep) if keep else [False] * len(table.rows)
     if shape == "text":
-        return [Example("", row[roles["text"]]) for row in table.rows], shape, table.columns
-    return [Example(row[roles["prompt"]], row[roles["completion"]]) for row in table.rows], shape, table.columns
+        return [Example("", row[roles["text"]], f) for row, f in zip(table.rows, flags)], shape, table.columns
+    return ([Example(row[roles["prompt"]], row[roles["completion"]], f) for row, f in zip(table.rows, flags)],
+            shape, table.columns)
+
+
+def _keep_anchor_rows(table: _Table, name: str, column: str) -> list[bool]:
+    """A JSON record's keep_anchor value: true or false (absent or null: false); nothing else is converted."""
+    flags = []
+    for i, row in enumerate(table.rows):
+        value = row.get(column)
+        if value is not None and not isinstance(value, bool):
+            raise DataError(f"{name}: {table.where(i)}, column {column!r}: expected true or false, got a "
+                            f"{_kind(value)} ({str(value)[:40]}). {KEEP_ANCHOR_MEANING}")
+        flags.append(bool(value))
+    return flags
+
+
+KEEP_ANCHOR_MEANING = ("A row with keep_anchor true is trained toward the anchor alone's own next-token "
+                       "distribution (a rehearsal row that keeps the anchor as it was), not toward its text.")
 
 
 def _split(examples: list[Example], config: DataConfig) -> tuple[list[Example], list[Example]]:
@@ -367,5 +336,6 @@ def preview(path, n: int = 5, config: DataConfig | None = None, check_roles: boo
     return [{c: row.get(c) for c in table.columns} for row in table.rows[:n]]
 
 
-from .data_arrow import (ArrowExamples, arrow_table, check_columns, check_utf8,  # noqa: E402,F401  (they use the above)
-                         longest_examples, preview_head)
+from .data_arrow import (ArrowExamples, check_columns, check_utf8,  # noqa: E402,F401  (they use the above)
+                         keep_anchor_flags, longest_examples, preview_head,
+                         read_with_datasets)

@@ -1,15 +1,17 @@
-"""Large CSV, Parquet and text files as Arrow columns: rows and examples are made only when one
-is needed, checks run on whole columns, a split is a list of row numbers, and a preview reads only
+"""Large CSV, Parquet and text files, read by `datasets`, as Arrow columns: rows and examples are made only
+when one is needed, checks run on whole columns, a split is a list of row numbers, and a preview reads only
 the first rows. A 40 MB CSV of 2.6 million rows is held in about 240 MB this way."""
 from __future__ import annotations
 
+import codecs
 import csv
 import io
-import random
-from pathlib import Path
-
-import codecs
 import os
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
 
 from .data import _MB, FORMATS, DataError, Example, _kind
 
@@ -39,6 +41,62 @@ def check_utf8(p: Path, name: str, block: int = 4 * _MB) -> str:
     if not head.strip() and os.path.getsize(p) <= block:
         raise DataError(f"{name}: the file is empty.")
     return head
+
+
+def _explain(exc: BaseException, name: str, kind: str) -> DataError:
+    """Turn what pandas/pyarrow/datasets raised (the innermost cause) into a message about the file."""
+    while exc.__cause__ is not None or (exc.__context__ is not None and not exc.__suppress_context__):
+        exc = exc.__cause__ or exc.__context__
+    msg = str(exc).strip()
+    if m := re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", msg):
+        return DataError(f"{name}: malformed CSV at line {m[2]}: {m[3]} fields where the header has {m[1]}. "
+                         "Put values that contain commas in double quotes.")
+    if m := re.search(r"EOF inside string starting at row (\d+)", msg):  # pandas counts lines from 0 here
+        return DataError(f"{name}: malformed CSV: the quoted value that starts on line {int(m[1]) + 1} "
+                         "is never closed.")
+    if "corresponds to no data" in msg:
+        return DataError(f"{name}: the file has no rows.")
+    return DataError(f"{name}: could not be read as {kind.upper()}: {msg}")
+
+
+def read_with_datasets(p: Path, name: str, kind: str, text: str | None, table_class):
+    """A CSV, Parquet or text file read by `datasets` offline, in memory, through a link with a plain name."""
+    import datasets
+    import pyarrow.parquet as pq
+
+    options: dict = {"encoding": "utf-8-sig"}
+    if kind == "csv":  # every column as text, exactly as written: no "08" -> 8, no "NA"/"None" -> null
+        try:
+            header = next((r for r in csv.reader(io.StringIO(text.split("\n", 1)[0])) if r), [])
+        except csv.Error as exc:
+            raise DataError(f"{name}: malformed CSV header: {exc}.") from exc
+        if len(set(header)) != len(header) or not all(header):
+            raise DataError(f"{name}: the header needs a distinct, non-empty name for every column; it is {header}.")
+        options.update(features=datasets.Features({c: datasets.Value("string") for c in header}),
+                       na_filter=False, keep_default_na=False)
+    elif kind == "parquet":  # datasets fails on a 0-row file ("BatchSize must be greater than 0")
+        try:
+            n_rows = pq.read_metadata(p).num_rows
+        except Exception as exc:
+            raise DataError(f"{name}: not a readable Parquet file ({exc}).") from exc
+        if n_rows == 0:
+            raise DataError(f"{name}: the file has no rows.")
+        options = {}
+    with tempfile.TemporaryDirectory(prefix="calm-data-") as tmp:
+        link = Path(tmp, "input", "data" + p.suffix.lower())
+        link.parent.mkdir()
+        try:
+            os.symlink(p.resolve(), link)
+        except OSError:
+            shutil.copyfile(p, link)
+        try:
+            ds = datasets.load_dataset({"txt": "text"}.get(kind, kind), data_files=str(link), split="train",
+                                       cache_dir=str(Path(tmp, "cache")), keep_in_memory=True, **options)
+            arrow = ds.data.table
+            del ds
+        except Exception as exc:  # whatever the readers raise, the user gets a message about the file
+            raise _explain(exc, name, kind) from exc
+    return arrow_table(arrow, kind, table_class)
 
 
 def arrow_table(arrow, kind: str, table_class):
@@ -85,8 +143,9 @@ class ArrowExamples:
     """Examples read from Arrow columns on demand (optionally through a list of row numbers): a large
     file is never held as Python strings."""
 
-    def __init__(self, prompts, completions, indices=None):
-        self.prompts, self.completions, self.indices = prompts, completions, indices
+    def __init__(self, prompts, completions, indices=None, keep=None):
+        # keep: a numpy bool per file row (Example.keep_anchor), or None: no row is
+        self.prompts, self.completions, self.indices, self.keep = prompts, completions, indices, keep
 
     def __len__(self) -> int:
         return len(self.completions) if self.indices is None else len(self.indices)
@@ -94,7 +153,7 @@ class ArrowExamples:
     def _example(self, i: int) -> Example:
         j = int(i if self.indices is None else self.indices[i])
         prompt = "" if self.prompts is None else self.prompts[j].as_py()
-        return Example(prompt, self.completions[j].as_py())
+        return Example(prompt, self.completions[j].as_py(), self.keep is not None and bool(self.keep[j]))
 
     def __getitem__(self, index):
         if isinstance(index, slice):
@@ -145,7 +204,14 @@ class ArrowExamples:
         import numpy as np
 
         indices = np.asarray(indices, dtype=np.int64)
-        return ArrowExamples(self.prompts, self.completions, indices if self.indices is None else self.indices[indices])
+        return ArrowExamples(self.prompts, self.completions, indices if self.indices is None else self.indices[indices],
+                             self.keep)
+
+    def kept(self) -> int:
+        """How many of these rows are trained toward the anchor alone, counted on the column."""
+        if self.keep is None:
+            return 0
+        return int(self.keep.sum() if self.indices is None else self.keep[self.indices].sum())
 
 
 def check_columns(table, name: str, roles: dict[str, str]) -> None:
@@ -168,6 +234,29 @@ def check_columns(table, name: str, roles: dict[str, str]) -> None:
             i = pc.index(pc.equal(values, ""), True).as_py()
             raise DataError(f"{name}: {table.where(i)}, column {column!r} is empty: nothing to learn from that "
                             "row. Fill it in or remove the row.")
+
+
+def keep_anchor_flags(table, name: str, column: str):
+    """The keep_anchor column as a numpy bool per row: a boolean column (null: false), or text that reads
+    true / false (any case; empty: false), as a CSV file has it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from .data import KEEP_ANCHOR_MEANING
+
+    values = table.arrow.column(column)
+    if pa.types.is_boolean(values.type):
+        return values.fill_null(False).to_numpy(zero_copy_only=False)
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        words = pc.utf8_lower(pc.utf8_trim_whitespace(values.fill_null("")))
+        bad = pc.invert(pc.is_in(words, value_set=pa.array(["true", "false", ""])))
+        if pc.any(bad).as_py():
+            i = pc.index(bad, True).as_py()
+            raise DataError(f"{name}: {table.where(i)}, column {column!r}: expected true or false, got "
+                            f"{values[i].as_py()[:40]!r}. {KEEP_ANCHOR_MEANING}")
+        return pc.equal(words, "true").to_numpy(zero_copy_only=False)
+    raise DataError(f"{name}: column {column!r} holds {values.type} values; expected true or false. "
+                    f"{KEEP_ANCHOR_MEANING}")
 
 
 def preview_head(p: Path, n: int) -> list[dict] | None:

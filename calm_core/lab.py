@@ -170,7 +170,8 @@ class LabSession:
 
     def _start(self, calm, config: TrainConfig) -> RunState:
         tokens = bounds.longest_tokens(calm, self.splits.train, config.max_length)
-        need = training_bytes(calm, config.batch_size, tokens) + _cache_bytes(calm, config, len(self.splits.train), tokens)
+        need = training_bytes(calm, config.batch_size, tokens) + _cache_bytes(calm, config, len(self.splits.train), tokens,
+                                                                          self.splits.kept)
         fits = bounds.largest_batch(calm, tokens)
         reservation = LEDGER.reserve(need, f"Training with batch size {config.batch_size:,}",
                                      f"At this data's longest example ({tokens:,} tokens) at most batch size {fits:,} "
@@ -303,15 +304,17 @@ class LabSession:
         return warning
 
 
-def _cache_bytes(calm, config: TrainConfig, examples: int, tokens: int) -> int:
-    """At most what the trainer's frozen-state cache can take: its budget, or every example at the longest."""
+def _cache_bytes(calm, config: TrainConfig, examples: int, tokens: int, kept: int = 0) -> int:
+    """At most what the trainer's frozen-state cache can take: its budget, or every example at the longest
+    (and, for the `kept` keep_anchor examples, the anchor's log-probabilities over its vocabulary per token)."""
     from .training import PREPARE_ALL
 
     if not config.cache_augment_states or examples > PREPARE_ALL:
         return 0
     from .frozen_cache import bytes_per_token
 
-    return int(min(config.cache_budget_mb * 2**20, examples * tokens * bytes_per_token(calm)))
+    references = kept * tokens * calm.anchor.info.vocab_size * (2 if config.bf16 else 4)
+    return int(min(config.cache_budget_mb * 2**20, examples * tokens * bytes_per_token(calm) + references))
 
 
 def model_rows(calm: ComposedLM) -> list[list]:

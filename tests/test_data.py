@@ -228,3 +228,50 @@ def test_a_large_file_is_previewed_from_its_first_rows(tmp_path, monkeypatch):
     assert data.preview(path, n=8, check_roles=False) == whole
     txt = write(tmp_path / "big.txt", "".join(f"line {i}\n\n" for i in range(2000)))
     assert data.preview(txt, n=3, check_roles=False) == [{"text": f"line {i}"} for i in range(3)]
+
+
+# keep_anchor: rehearsal rows trained toward the anchor alone (Example.keep_anchor), in every format that has columns
+KEPT = [Example("a", "b", True), Example("c", "d", False), Example("e", "f", False)]
+KEEP_GOOD = [
+    ("keep.jsonl", jsonl_of([{"prompt": "a", "completion": "b", "keep_anchor": True},
+                             {"prompt": "c", "completion": "d", "keep_anchor": False},
+                             {"prompt": "e", "completion": "f"}]), KEPT),  # absent: false
+    ("keep.json", json.dumps([{"prompt": "a", "completion": "b", "keep_anchor": True},
+                              {"prompt": "c", "completion": "d", "keep_anchor": None}, {"prompt": "e", "completion": "f"}]), KEPT),
+    ("keep.csv", "prompt,completion,keep_anchor\na,b, TRUE\nc,d,false\ne,f,\n", KEPT),  # any case; empty: false
+    ("keep.parquet", {"prompt": ["a", "c", "e"], "completion": ["b", "d", "f"], "keep_anchor": [True, False, None]}, KEPT),
+    ("text.csv", "text,keep_anchor\nb,true\nd,False\n", [Example("", "b", True), Example("", "d", False)]),
+    ("none.jsonl", jsonl_of([{"prompt": "a", "completion": "b"}]), [Example("a", "b", False)]),
+]
+
+
+@pytest.mark.parametrize("name, content, expected", KEEP_GOOD, ids=[g[0] for g in KEEP_GOOD])
+def test_keep_anchor_column_marks_rehearsal_rows(tmp_path, name, content, expected):
+    path = write(tmp_path / name, content)
+    examples, _, _ = load_examples(path)
+    assert list(examples) == expected and [e.keep_anchor for e in examples] == [e.keep_anchor for e in expected]
+    splits = load_splits(path, config=DataConfig(validation_fraction=0.0))
+    assert splits.kept == sum(e.keep_anchor for e in expected)
+
+
+KEEP_BAD = [
+    ("yes.jsonl", jsonl_of([{"prompt": "a", "completion": "b", "keep_anchor": "yes"}]), r"row 1.*keep_anchor.*true or false.*string"),
+    ("one.json", json.dumps([{"prompt": "a", "completion": "b", "keep_anchor": 1}]), r"row 1.*true or false.*number"),
+    ("maybe.csv", "prompt,completion,keep_anchor\na,b,true\nc,d,maybe\n", r"row 2.*'keep_anchor'.*'maybe'"),
+    ("ints.parquet", {"prompt": ["a"], "completion": ["b"], "keep_anchor": [1]}, r"keep_anchor.*int64.*true or false"),
+]
+
+
+@pytest.mark.parametrize("name, content, message", KEEP_BAD, ids=[b[0] for b in KEEP_BAD])
+def test_keep_anchor_column_accepts_only_true_or_false(tmp_path, name, content, message):
+    with pytest.raises(DataError, match=message):
+        load_examples(write(tmp_path / name, content))
+
+
+def test_keep_anchor_survives_the_arrow_split(tmp_path):
+    rows = "".join(f"p{i},c{i},{'true' if i % 3 == 0 else 'false'}\n" for i in range(30))
+    path = write(tmp_path / "big.csv", "prompt,completion,keep_anchor\n" + rows)
+    splits = load_splits(path, config=DataConfig(validation_fraction=0.2, seed=3))
+    for part in (splits.train, splits.validation):
+        assert all(e.keep_anchor == (int(e.prompt[1:]) % 3 == 0) for e in part)
+    assert splits.kept == sum(e.keep_anchor for e in splits.train) and 0 < splits.kept < 10

@@ -93,6 +93,12 @@ def test_smoke_pipeline_writes_a_table_and_a_preset_folder(tmp_path):
     assert preset["anchor_model"] == "real_pair:smollm2" and preset["augment_model"] == "real_pair:gemma"
     assert (out / preset["augment_adapter"] / "adapter_model.safetensors").is_file()
     assert all((out / p).is_file() for p in preset["eval_files"].values())
+    # the app trains on the preset's train file as the run did: rehearsal rows keep_anchor, questions not
+    from calm_core.data import load_splits
+
+    splits = load_splits(out / preset["train_file"], out / preset["validation_file"])
+    counts = result["counts"]
+    assert splits.kept == counts["rehearsal"] > 0 and len(splits.train) == counts["rehearsal"] + counts["questions"]
     pair = prepared_pair()
     from calm_core import load_causal_lm
     anchor = load_causal_lm(str(pair["smollm2"]))
@@ -131,3 +137,17 @@ def test_the_shipped_preset_answers_held_out_people_the_anchor_cannot():
     with session.calm.gate_scale(0.0):
         alone, _ = exact(session.calm, rows, Settings())
     assert score >= min(30.0, recorded - 20) and alone <= 5.0, (score, alone, recorded)
+
+
+def test_the_shipped_train_file_marks_its_rehearsal_rows():
+    """The app retrains the preset from its train file: the rehearsal rows must go toward the anchor alone (KL),
+    as the shipped bridge was trained, and every question toward its answer."""
+    from calm_core.data import load_examples
+    from calm_core.presets import PRESETS_DIR
+
+    folder = PRESETS_DIR / "real_knowledge"
+    examples, shape, _ = load_examples(folder / "data" / "composition_train.jsonl")
+    rehearsal = {json.loads(x)["prompt"] for x in (folder / "data" / "rehearsal.jsonl").read_text().splitlines()}
+    assert shape == "prompt_completion" and len(rehearsal) > 50
+    assert all(e.keep_anchor == (e.prompt in rehearsal) for e in examples)
+    assert sum(e.keep_anchor for e in examples) == len(rehearsal)

@@ -25,7 +25,9 @@ def write_data(out: Path, s, data: dict) -> None:
     d = out / "data"
     (d / "encyclopedia.txt").parent.mkdir(parents=True, exist_ok=True)
     (d / "encyclopedia.txt").write_text("".join(f"{pre}{val}\n" for phr in data["facts"] for pre, val in phr))
-    write_jsonl(d / "composition_train.jsonl", data["compose"], PAIR_ROWS)
+    # keep_anchor: the rehearsal rows, trained toward the anchor alone (calm_core.data reads the column)
+    write_jsonl(d / "composition_train.jsonl", [dict(r, keep_anchor=r.get("keep_anchor", False)) for r in data["compose"]],
+                PAIR_ROWS + ("keep_anchor",))
     write_jsonl(d / "composition_validation.jsonl", data["dev"], PAIR_ROWS)
     write_jsonl(d / "eval_heldout.jsonl", data["test"], PAIR_ROWS)
     write_jsonl(d / "eval_general.jsonl", data["general"], PAIR_ROWS)

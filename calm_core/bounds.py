@@ -112,7 +112,7 @@ def largest_batch(calm, tokens: int) -> int:
 def train_config(steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0):
     """A TrainConfig from what a user typed, each value checked against its range; the app's run
     logs 40 times, validates 10 times and warms up over a tenth of the steps."""
-    from .training import TrainConfig
+    from .train_config import TrainConfig
 
     steps = whole("steps", steps, 1, MAX_STEPS)
     return TrainConfig(

@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", help="output folder for this run")
     train.add_argument("--config", help="YAML file with any of these options (command-line options win)")
     train.add_argument("--resume", help="checkpoint folder to continue from")
-    from .training import TrainConfig
+    from .train_config import TrainConfig
 
     defaults = TrainConfig()
     for name in ("steps", "batch_size", "grad_accum", "warmup_steps", "log_every", "eval_every", "checkpoint_every", "seed"):

@@ -167,8 +167,14 @@ def test_upload_inspect_and_use_data(client, tmp_path):
     assert "Use this data" in note
     assert (prompt_col["value"], completion_col["value"], text_col["value"]) == ("prompt", "completion", "(none)")
     note = client.predict(handle_file(str(path)), None, "prompt", "completion", "(none)", 0.2, api_name="/use_data")
-    assert "mine.jsonl" in note and "8 training, 2 validation" in note
+    assert "mine.jsonl" in note and "8 training, 2 validation" in note and "keep_anchor" not in note
     assert train(client, 3)[0].startswith("Step 3/3")
+    # rehearsal rows (keep_anchor true) are counted on the page and trained toward the anchor alone
+    kept = write_jsonl(tmp_path / "kept.jsonl", [{"prompt": w + "=", "completion": w[::-1], "keep_anchor": i % 2 == 0}
+                                                 for i, w in enumerate(words)])
+    note = client.predict(handle_file(str(kept)), None, "prompt", "completion", "(none)", 0.0, api_name="/use_data")
+    assert "10 training, 0 validation" in note and "5 training rows have **keep_anchor** true" in note
+    assert train(client, 2)[0].startswith("Step 2/2")
     note = client.predict(None, "train.jsonl", "(none)", "(none)", "(none)", 0.1, api_name="/use_data")
     assert "train.jsonl" in note and "36 training, 4 validation" in note
 

@@ -140,7 +140,7 @@ def column_notes(settings: dict | None = None) -> dict:
     return {
         "m_A": m_a,
         "m_B": (f"anchor, {s.get('anchor_layers', 4)}x{width}, from scratch on arithmetic only (never a key), "
-                f"{'with digit embeddings' if digits else 'free number embeddings'}, {skill}"),
+                f"{'with digit embeddings' if digits else 'free number embeddings'}, {skill}{_trained_on(s)}"),
         "CALM": calm,
         "m_B fine-tuned (20% keys)": "m_B fully fine-tuned on the same composition file (control)",
         "CALM with random m_A": "the same bridge on a randomly initialised m_A (control)",
@@ -149,6 +149,16 @@ def column_notes(settings: dict | None = None) -> dict:
         "paper CALM": ("the paper's Table 1, its protocol: composed on KV-SUBS over 20% of 25K keys, KV-MATH "
                        "answered with the number alone; not comparable cell by cell with ours"),
     }
+
+
+def _trained_on(s: dict) -> str:
+    """m_B's training length: fixed, or extended until it computes (settings.anchor_min_num_math, absent in
+    runs made before it)."""
+    check, steps = s.get("anchor_min_num_math", 0.0), s.get("anchor_steps", 1500)
+    if not check:
+        return f"; {steps} steps"
+    return (f"; {steps} steps, then {steps} more (at most {s.get('anchor_extra_rounds', 2)} times) while it computes "
+            f"under {check:.0%} of its own NUM-MATH probe")
 
 
 def departures(settings: dict | None = None) -> list[str]:

@@ -37,7 +37,7 @@ def train_bridge(s, anchor, augment, data) -> tuple[ComposedLM, dict]:
                          position_lr_scale=s.position_lr_scale, value_lr_scale=s.value_lr_scale,
                          augment_noise=s.augment_noise, log_every=min(10, s.check_every), eval_every=s.check_every,
                          eval_examples=64, seed=s.seed, progress=False, append_eos=False,
-                         bf16=s.compose_bf16)
+                         bf16=s.compose_bf16, cache_budget_mb=s.cache_budget_mb)
     history, checks = [], []
     best = {"dev": -1.0, "step": 0, "check": 0, "state": copy.deepcopy(calm.bridge.state_dict())}
     dev_rows = data["dev"][:s.check_dev]

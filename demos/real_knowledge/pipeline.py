@@ -93,6 +93,9 @@ class Settings:
     value_lr_scale: float = 0.0
     augment_noise: float = 0.05
     check_every: int = 120  # steps between checks on the development people (early stopping)
+    # the frozen states of all 696 rows and the KL rows' reference log-probabilities (0.75 GB in float32): with
+    # TrainConfig's 1 GB they do not all fit without bf16, and every step runs both frozen models again (4.2 s)
+    cache_budget_mb: float = 3072.0
     check_dev: int = 60
     patience: int = 4
     # control: the anchor + LoRA on the composition data (same steps and batch as the bridge)

@@ -31,7 +31,12 @@ def cache_bytes(calm, rows, reference_bytes: int = 4) -> int:
                   for k, (member, bridge) in enumerate(zip(calm.augments, calm.bridge.augments)))
     anchor = calm.anchor.info.width * 4 * sum(len(row.anchor_ids) for row in rows) if prefix_depth(calm) else 0
     kept = sum(row.num_targets for row in rows if row.keep_anchor)
-    return augment + anchor + (kept * _vocab(calm) * reference_bytes if kept else 0)
+    return augment + anchor + references_bytes(calm, kept, reference_bytes)
+
+
+def references_bytes(calm, targets: int, reference_bytes: int = 4) -> int:
+    """The anchor alone's log-probabilities over its whole vocabulary at `targets` keep_anchor target tokens."""
+    return targets * _vocab(calm) * reference_bytes
 
 
 def _vocab(calm) -> int:

@@ -311,9 +311,9 @@ def _cache_bytes(calm, config: TrainConfig, examples: int, tokens: int, kept: in
 
     if not config.cache_augment_states or examples > PREPARE_ALL:
         return 0
-    from .frozen_cache import bytes_per_token
+    from .frozen_cache import bytes_per_token, references_bytes
 
-    references = kept * tokens * calm.anchor.info.vocab_size * (2 if config.bf16 else 4)
+    references = references_bytes(calm, kept * tokens, 2 if config.bf16 else 4)
     return int(min(config.cache_budget_mb * 2**20, examples * tokens * bytes_per_token(calm) + references))
 
 

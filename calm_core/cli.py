@@ -203,6 +203,7 @@ def cmd_train(args) -> int:
         save_bridge(calm, out / "bridge")
         summary = {"step": result.step, "stop_reason": result.stop_reason, "message": result.message,
                    "truncated": result.truncated, "augment_cache": result.augment_cache,
+                   "cache_note": result.cache_note,
                    "final": result.history[-1] if result.history else None}
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         last = result.history[-1] if result.history else {}

@@ -202,6 +202,9 @@ class LabSession:
             self.run.step, self.run.message = result.step, result.message or f"Finished {result.step} steps."
             if result.truncated:
                 self.run.message += f" {result.truncated} examples were truncated to the models' context."
+            if "over cache_budget_mb" in result.cache_note:  # slower, not wrong: say why
+                self.run.message += (" Each step ran both frozen models in full: their states for this data set would "
+                                     "not fit the server's cache (fewer or shorter examples would let them).")
         except CALMError as exc:
             self.run.message = str(exc)
         except Exception as exc:  # surfaced in the page; the bridge keeps its last state

@@ -78,6 +78,7 @@ class TrainResult:
     message: str = ""
     truncated: int = 0
     augment_cache: bool = False
+    cache_note: str = ""  # why the frozen models' states were or were not cached (their size against the budget)
 
 
 def lr_factor(step: int, warmup: int, total: int) -> float:

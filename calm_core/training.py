@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import os
 import shutil
@@ -34,6 +35,7 @@ from .persistence import save_bridge
 from .prepared_rows import PreparedRows
 from .train_config import TrainConfig, TrainResult, lr_factor, parameter_role  # noqa: F401  (the public names)
 
+log = logging.getLogger("calm_core.training")
 
 class Trainer:
     def __init__(self, calm, train: list[Example], validation: list[Example] | None = None,
@@ -104,9 +106,23 @@ class Trainer:
             position += take
         return out
 
-    def _cache_fits(self) -> bool:
-        return self.train_rows.complete and cache_bytes(self.calm, self.train_rows, self._reference_dtype.itemsize) \
-            <= self.config.cache_budget_mb * 2**20
+    def _cache_decision(self) -> tuple[bool, str]:
+        """Whether to cache the frozen models' states, and why: off silently costs a full forward pass of both
+        frozen models every step, so the reason (with sizes) goes into TrainResult.cache_note and the log."""
+        cfg = self.config
+        if not cfg.cache_augment_states:
+            return False, "cache off (cache_augment_states=False): every step runs both frozen models."
+        if not self.calm.augments:
+            return False, "no augmenting model: nothing to cache."
+        if not self.train_rows.complete:
+            return False, (f"cache off: {len(self.train_rows)} training examples are prepared batch by batch "
+                           f"(over {PREPARE_ALL}), so their states are not held; every step runs both frozen models.")
+        need_mb = cache_bytes(self.calm, self.train_rows, self._reference_dtype.itemsize) / 2**20
+        if need_mb > cfg.cache_budget_mb:
+            return False, (f"cache off: the frozen states need {need_mb:,.0f} MB, over cache_budget_mb "
+                           f"{cfg.cache_budget_mb:,.0f}; every step runs both frozen models (raise cache_budget_mb "
+                           f"to about {math.ceil(need_mb * 1.1):,} to cache them).")
+        return True, f"cache on: the frozen states take {need_mb:,.0f} MB of cache_budget_mb {cfg.cache_budget_mb:,.0f}."
 
     @property
     def _reference_dtype(self) -> torch.dtype:
@@ -193,8 +209,10 @@ class Trainer:
             if not self.prepare(prepare_progress):
                 result.stop_reason, result.message = "stopped", "Stopped while preparing the examples; the bridge is unchanged."
                 return result
-            use_cache = cfg.cache_augment_states and self._cache_fits() and len(calm.augments) > 0
+            use_cache, result.cache_note = self._cache_decision()
             result.augment_cache = use_cache
+            if cfg.cache_augment_states and not use_cache and calm.augments:
+                log.warning(result.cache_note)
             progress = _progress(cfg.progress and self.dist.rank == 0, self.step, cfg.steps)
             last_good = self._snapshot()  # the bridge and optimizer before the last step that went well
             window_loss, window_tokens, window_start, val_loss = 0.0, 0, time.perf_counter(), None

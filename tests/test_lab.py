@@ -112,6 +112,17 @@ def test_a_batch_that_would_not_fit_is_refused_before_work_starts(lab, monkeypat
     assert "Finished 2 steps." in session.run.message
 
 
+def test_a_run_whose_states_do_not_fit_the_cache_says_it_ran_uncached(lab):
+    session = lab(ModelCache())
+    session.use_preset("tiny")
+    session.start_training(TrainConfig(steps=2, batch_size=4, progress=False, cache_budget_mb=1e-6))
+    session.wait(60)
+    assert "Finished 2 steps." in session.run.message and "ran both frozen models in full" in session.run.message
+    session.start_training(TrainConfig(steps=2, batch_size=4, progress=False))
+    session.wait(60)
+    assert "frozen models" not in session.run.message
+
+
 def test_lr_1e6_leaves_a_good_bridge_and_the_next_run_trains(lab):
     session = lab(ModelCache())
     session.use_preset("tiny")

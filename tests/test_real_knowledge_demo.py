@@ -116,6 +116,12 @@ def test_smoke_pipeline_writes_a_table_and_a_preset_folder(tmp_path):
     assert set(controls["controls"]) == {"finetune", "untrained"}
     assert "Controls: anchor + LoRA trained" in (tmp_path / "controls" / "table.md").read_text()
 
+    # --augment-only: m_A's settings tried on a world, nothing composed
+    alone = run(Settings.smoke(), tmp_path / "augment", augment_only=True)
+    assert len(alone["history"]) == 1 and (tmp_path / "augment" / "adapter" / "adapter_model.safetensors").is_file()
+    assert json.loads((tmp_path / "augment" / "augment.json").read_text())["augment"]["history"] == alone["history"]
+    assert not (tmp_path / "augment" / "table.json").exists()
+
 
 def test_the_shipped_preset_answers_held_out_people_the_anchor_cannot():
     """The shipped files (m_A's adapter, the bridge in bf16), loaded as the app loads them, asked about held-out

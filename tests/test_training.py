@@ -103,9 +103,16 @@ def test_gradient_accumulation_matches_one_big_batch(tokenizers):
         torch.testing.assert_close(results[0][name], results[1][name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_augment_cache_is_used_when_it_fits_and_off_when_not(calm):
-    assert Trainer(calm, reverse_task(16, 0), None, config(steps=2)).train().augment_cache
-    assert not Trainer(calm, reverse_task(16, 0), None, config(steps=2, cache_budget_mb=1e-6)).train().augment_cache
+def test_augment_cache_is_used_when_it_fits_and_off_when_not(calm, caplog):
+    fits = Trainer(calm, reverse_task(16, 0), None, config(steps=2)).train()
+    assert fits.augment_cache and fits.cache_note.startswith("cache on")
+    with caplog.at_level("WARNING", logger="calm_core.training"):
+        over = Trainer(calm, reverse_task(16, 0), None, config(steps=2, cache_budget_mb=1e-6)).train()
+    # off is said, with the size it needed, in the result and in the log: it costs both frozen models every step
+    assert not over.augment_cache and "over cache_budget_mb" in over.cache_note and " MB" in over.cache_note
+    assert over.cache_note in caplog.text
+    unasked = Trainer(calm, reverse_task(16, 0), None, config(steps=2, cache_augment_states=False)).train()
+    assert not unasked.augment_cache and "cache_augment_states=False" in unasked.cache_note
 
 
 def test_divergence_restores_the_last_good_bridge(calm, monkeypatch):

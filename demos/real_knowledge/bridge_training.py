@@ -64,7 +64,7 @@ def train_bridge(s, anchor, augment, data) -> tuple[ComposedLM, dict]:
     calm.bridge.load_state_dict(best["state"])
     return calm, {"seconds": time.perf_counter() - start, "history": history, "checks": checks,
                   "best_step": best["step"], "best_dev_exact": best["dev"], "steps_run": result.step,
-                  "stop_reason": result.stop_reason, "bridge_parameters": calm.num_parameters()[0]}
+                  "stop_reason": result.stop_reason, "cache": result.cache_note, "bridge_parameters": calm.num_parameters()[0]}
 
 
 def finetune_anchor(s, model, tok, rows, steps: int) -> dict:

@@ -6,6 +6,7 @@
     python -m demos.real_knowledge --reuse-augment DIR/adapter ...   # skip m_A's training
     python -m demos.real_knowledge --reuse-augment DIR/adapter --reuse-bridge DIR ...   # and the bridge's (its
                                                                  # training record comes from DIR/table.json)
+    python -m demos.real_knowledge --seed 1 --augment-only --set augment_lr=3e-3 --out DIR   # m_A alone
 
 Anchor (frozen, never sees the world): SmolLM2-135M-Instruct, a chat model, asked in its own chat template.
 m_A: Gemma 3 270M (base) + a LoRA adapter trained on the world's encyclopedia sentences only.
@@ -238,7 +239,7 @@ def evaluate_composition(s: Settings, calm, m_a, data) -> tuple[dict, dict, dict
     return table, preds, forms, general_check(calm, data["general"], s)
 
 
-def run(s: Settings, out: Path) -> dict:
+def run(s: Settings, out: Path, augment_only: bool = False) -> dict:
     from . import preset_files, report
 
     torch.set_num_threads(s.threads)
@@ -259,6 +260,10 @@ def run(s: Settings, out: Path) -> dict:
 
     world = make_world(s, anchor[1], AutoTokenizer.from_pretrained(str(pair["gemma"])))
     data = make_data(s, world, anchor[1])
+    if augment_only:  # m_A's settings on a development world: its training log, nothing composed
+        info = train_augment(s, pair, data, out / "adapter")
+        (out / "augment.json").write_text(json.dumps({"settings": asdict(s), "augment": info}, indent=1))
+        return info
     t = time.perf_counter()
     data["rehearsal"] = rehearsal_rows(s, anchor)
     data["compose"] = compose_rows(data, anchor[1].eos_token)
@@ -354,6 +359,7 @@ def main(argv=None) -> None:
                     "(or choose: --set 'controls=[\"untrained\"]')")
     ap.add_argument("--reuse-table", action="store_true",
                     help="with --reuse-bridge: keep its evaluated rows and run the trained controls only")
+    ap.add_argument("--augment-only", action="store_true", help="train m_A only (its log in OUT/adapter)")
     args = ap.parse_args(argv)
     s = Settings.smoke() if args.smoke else Settings()
     for item in args.set:
@@ -372,4 +378,4 @@ def main(argv=None) -> None:
     if args.no_controls:
         s.controls = []
     out = Path(args.out or f"runs/real_knowledge/seed{s.seed}")
-    run(s, out)
+    run(s, out, augment_only=args.augment_only)

@@ -154,6 +154,11 @@ def test_tables_say_which_protocol_ablation_or_seed_they_measured():
     assert "the number alone" in report.answer_formats(paper)["KV-MATH (held-out keys)"]["ours"]
     fresh = report.departures({**asdict(Settings()), "seed": 1})
     assert any("A test set used once: seed 1" in d for d in fresh) and not any("development set" in d for d in fresh)
+    # seed 0's held-out keys were a development set: its label sets every shipped fresh table's number beside it
+    runs = report.fresh_tables()
+    held = [d for d in report.departures(asdict(Settings())) if "development set" in d][0]
+    assert len(runs) >= 2 and all(f"seed {seed} {value:.1f}%" in held for seed, value, _ in runs)
+    assert [seed for seed, _, checked in runs if not checked] == [1, 2]  # run before m_B was checked
     ablation = asdict(for_run(ablation="value-heads"))
     assert "Ablation of the preset, no value heads" in report.markdown({}, settings=ablation)
     assert report.column_notes(ablation)["m_A"].endswith("with digit embeddings")

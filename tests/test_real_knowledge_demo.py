@@ -59,6 +59,23 @@ def test_packed_rows_score_every_value_and_only_values():
         assert [seq[j + 1] for j in p[r == row].tolist()] == targets  # each target is the next token
 
 
+def test_a_focused_epoch_shows_only_its_subset_at_the_same_cost():
+    from demos.real_knowledge import augment as A
+
+    facts = [[(f"p{i} was born in", " T."), (f"p{i} comes from", " T."), (f"Home of p{i} is", " T.")] for i in range(100)]
+    plain = A.epoch_sentences(facts, 0)
+    assert [s in f for s, f in zip(plain, facts)] == [True] * 100  # every fact once
+    focus = A.focus_subset(100, 0.2, seed=3)
+    assert focus == A.focus_subset(100, 0.2, seed=3) and len(focus) == 20 and focus != A.focus_subset(100, 0.2, seed=4)
+    focused = A.epoch_sentences(facts, 1, focus)
+    assert len(focused) == len(plain)  # same cost
+    people = {prefix.split()[0] if not prefix.startswith("Home") else prefix.split()[-2] for prefix, _ in focused}
+    assert people == {f"p{i}" for i in focus}
+    for i in focus:  # each of the subset's facts 5 times, its three phrasings in turn (2, 2, 1)
+        seen = [s for s in focused if s in facts[i]]
+        assert len(seen) == 5 and sorted(seen.count(p) for p in facts[i]) == [1, 2, 2]
+
+
 def test_split_covers_every_town_and_holds_people_out():
     w = W.make_world(seed=3, entities=500)
     parts = W.split(w, 0.2, 100, seed=3)

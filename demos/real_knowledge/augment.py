@@ -82,13 +82,34 @@ def recall(model, tok, pairs, batch_size: int = 32) -> float:
     return 100.0 * right / max(1, len(pairs))
 
 
+def focus_subset(n: int, fraction: float, seed: int) -> list[int]:
+    """The facts a focused start shows (a seeded subset of `fraction` of n)."""
+    return sorted(random.Random(seed + 1).sample(range(n), max(1, min(n, round(fraction * n)))))
+
+
+def epoch_sentences(facts, epoch: int, focus: list[int] | None = None) -> list:
+    """One epoch's sentences, before shuffling: every fact once in its phrasings in turn; with `focus`, only
+    those facts, each about len(facts) / len(focus) times (phrasings still in turn), so the epoch costs the same."""
+    if focus is None:
+        return [phrasings[(epoch + k) % len(phrasings)] for k, phrasings in enumerate(facts)]
+    repeats = max(1, round(len(facts) / len(focus)))
+    return [facts[i][(epoch * repeats + r + k) % len(facts[i])] for r in range(repeats) for k, i in enumerate(focus)]
+
+
 def train_lora(model, tok, facts, probe, *, rank=16, alpha=32, lr=2e-3, batch_size=32, max_epochs=20,
                max_minutes=30.0, target_recall=99.0, seed=0, log_path: Path | None = None, save_dir: Path | None = None,
-               resume: Path | None = None, pack: int = 1, bf16: bool = False):
+               resume: Path | None = None, pack: int = 1, bf16: bool = False, loraplus_ratio: float = 1.0,
+               focus_fraction: float = 1.0, focus_epochs: int = 0):
     """Train a LoRA adapter on encyclopedia sentences: `facts` is a list of facts, each a list of its phrasings
     as (prefix, value) pairs; every epoch shows each fact once, in one of its phrasings (in turn), `pack`
     sentences to a row (so that m_A also recalls a fact after other text, as in a chat prompt); `batch_size`
     counts sentences. `bf16`: autocast the forward pass (AMX CPUs: about 1.4x faster a step).
+    `loraplus_ratio` > 1: LoRA+ (peft.optimizers): the B matrices, which start at zero, learn that many times
+    faster than the A matrices (a plateau before a fact is recalled is the slow start of B times A).
+    `focus_fraction` < 1: the first `focus_epochs` epochs show only that fraction of the facts (a seeded subset),
+    each 1/fraction times, so an epoch costs the same: a model learns to recall facts only after a plateau whose
+    length grows with the number of individuals (Zucchet et al. 2025, "How do language models learn facts?"), and
+    the recall it learns on a few carries over to the rest.
     Stops at `target_recall` % teacher-forced recall on `probe`, or after max_epochs / max_minutes; the
     adapter is saved to save_dir after every epoch (so a stopped run keeps its last epoch)."""
     if resume is not None:  # continue an adapter saved by an earlier run
@@ -97,15 +118,23 @@ def train_lora(model, tok, facts, probe, *, rank=16, alpha=32, lr=2e-3, batch_si
     else:
         model = wrap(model, rank, alpha, seed)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    if loraplus_ratio > 1.0:
+        from peft.optimizers import create_loraplus_optimizer
+
+        opt = create_loraplus_optimizer(model, torch.optim.AdamW, lr=lr, loraplus_lr_ratio=loraplus_ratio,
+                                        weight_decay=0.0)
+    else:
+        opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
     rows_per_batch = max(1, batch_size // pack)
     steps_per_epoch = math.ceil(math.ceil(len(facts) / pack) / rows_per_batch)
     total = steps_per_epoch * max_epochs
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / total))
     start, history, step = time.perf_counter(), [], 0
+    focus = focus_subset(len(facts), focus_fraction, seed)
     for epoch in range(max_epochs):
-        order = [phrasings[(epoch + k) % len(phrasings)] for k, phrasings in enumerate(facts)]
+        focusing = epoch < focus_epochs and focus_fraction < 1
+        order = epoch_sentences(facts, epoch, focus if focusing else None)
         rng.shuffle(order)
         rows = [order[i:i + pack] for i in range(0, len(order), pack)]
         model.train()
@@ -122,7 +151,7 @@ def train_lora(model, tok, facts, probe, *, rank=16, alpha=32, lr=2e-3, batch_si
             losses.append(loss.item())
         rec = recall(model, tok, probe)
         entry = {"epoch": epoch + 1, "step": step, "loss": sum(losses) / len(losses), "recall": rec,
-                 "minutes": (time.perf_counter() - start) / 60}
+                 "minutes": (time.perf_counter() - start) / 60, **({"focus": len(focus)} if focusing else {})}
         history.append(entry)
         log("m_A", json.dumps(entry))
         if log_path:

@@ -60,6 +60,9 @@ class Settings:
     augment_pack: int = 2  # sentences per row, so that a fact is also recalled after other text
     augment_bf16: bool | None = None  # autocast m_A's steps; None: where the processor has native bf16
     augment_epochs: int = 60
+    augment_loraplus: float = 1.0  # LoRA+ ratio of the B matrices' learning rate to the A matrices' (1: plain LoRA)
+    augment_focus: float = 1.0  # the first augment_focus_epochs show only this fraction of the facts (augment.py)
+    augment_focus_epochs: int = 0
     augment_minutes: float = 30.0
     target_recall: float = 99.0
     # rehearsal: general prompts with the anchor's own answers, trained on beside the questions
@@ -210,7 +213,9 @@ def train_augment(s: Settings, pair, data, adapter: Path) -> dict:
     _, hist = A.train_lora(gemma, gtok, data["facts"], probe, rank=s.lora_rank, alpha=s.lora_alpha, lr=s.augment_lr,
                            batch_size=s.augment_batch, max_epochs=s.augment_epochs, max_minutes=s.augment_minutes,
                            target_recall=s.target_recall, seed=s.seed, save_dir=adapter, pack=s.augment_pack,
-                           bf16=s.augment_bf16, log_path=adapter / "augment_log.jsonl")
+                           bf16=s.augment_bf16, log_path=adapter / "augment_log.jsonl",
+                           loraplus_ratio=s.augment_loraplus, focus_fraction=s.augment_focus,
+                           focus_epochs=s.augment_focus_epochs)
     return {"history": hist}
 
 

@@ -37,6 +37,7 @@ from .train_config import TrainConfig, TrainResult, lr_factor, parameter_role  #
 
 log = logging.getLogger("calm_core.training")
 
+
 class Trainer:
     def __init__(self, calm, train: list[Example], validation: list[Example] | None = None,
                  config: TrainConfig | None = None, callback: Callable[[dict], None] | None = None):

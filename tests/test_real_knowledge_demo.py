@@ -174,3 +174,26 @@ def test_the_shipped_train_file_marks_its_rehearsal_rows():
     assert shape == "prompt_completion" and len(rehearsal) > 50
     assert all(e.keep_anchor == (e.prompt in rehearsal) for e in examples)
     assert sum(e.keep_anchor for e in examples) == len(rehearsal)
+
+
+def test_relabel_sets_the_fresh_worlds_beside_the_development_world(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from demos.real_knowledge import report
+
+    shipped = Path(__file__).resolve().parents[1] / "presets" / "real_knowledge"
+    for name in ("table.json", "preset.json"):
+        shutil.copy(shipped / name, tmp_path / name)
+    before = json.loads((tmp_path / "table.json").read_text())
+    report.relabel(tmp_path)
+    report.relabel(tmp_path)  # twice: the sentence is replaced, not appended again
+    after = json.loads((tmp_path / "table.json").read_text())
+    runs = report.fresh_worlds()
+    assert runs and after["table"] == before["table"] and after["times_s"] == before["times_s"]
+    for text in (after["protocol"], json.loads((tmp_path / "preset.json").read_text())["description"],
+                 (tmp_path / "table.md").read_text()):
+        assert text.count(report.FRESH_MARK) == 1 and all(f"seed {k} {v:.1f}%" in text for k, v, _ in runs)
+    assert [(k, f) for k, _, f in runs][:2] == [(2, False), (3, True)]  # seed 3's m_A had the focused start
+    fresh = report.protocol({"seed": 3})
+    assert "world seed 3, run once" in fresh and report.FRESH_MARK not in fresh

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import world as W
+from . import report, world as W
 from .scoring import write_jsonl
 
 PAIR_ROWS = ("prompt", "completion")
@@ -49,7 +49,8 @@ def write_preset_json(out: Path, result: dict, s, data: dict) -> None:
             f"and on general questions answered by the anchor itself; ask about the others in one of the trained "
             f"forms ({'; '.join(f.format(x='NAME') for f in forms)}): world.json lists every person, their town and "
             f"split. Exact match on the town, held-out people: {cells}. General prompts: perplexity "
-            f"{g['perplexity_on']:.2f} with the bridge, {g['perplexity_off']:.2f} without."),
+            f"{g['perplexity_on']:.2f} with the bridge, {g['perplexity_off']:.2f} without."
+            + report.fresh_sentence(result.get("settings"))),
         "example_prompts": [r["question"] for r in data["test"][:4]],
         "question_forms": {a: W.QUESTIONS[a] for a in s.attributes},
         "prompt_mode": "chat",

@@ -57,6 +57,49 @@ def departures(settings: dict) -> list[str]:
     return DEPARTURES[:3] + [value] + DEPARTURES[3:] + [rehearsal]
 
 
+RESULTS = Path(__file__).parent / "results"
+FRESH_MARK = " Settings were chosen on world seed 0;"  # starts the sentence protocol() adds (relabel replaces it)
+
+
+def fresh_worlds() -> list[tuple[int, float, bool]]:
+    """(seed, CALM exact match % on held-out people, m_A with a focused start) of the shipped fresh-world runs
+    (results/seedN), each run once with the settings frozen: the numbers to set beside world seed 0's."""
+    out = []
+    for path in sorted(RESULTS.glob("seed*/table.json"), key=lambda p: int(p.parent.name[len("seed"):])):
+        run = json.loads(path.read_text())
+        focused = run["settings"].get("augment_focus", 1.0) < 1 and run["settings"].get("augment_focus_epochs", 0) > 0
+        out.append((run["settings"]["seed"], run["table"]["exact match %, held-out entities"]["CALM"], focused))
+    return out
+
+
+def fresh_sentence(settings: dict | None) -> str:
+    """What a seed-0 number must be read with (the fresh worlds' numbers), or which fresh world this run is."""
+    seed = (settings or {}).get("seed", 0)
+    if seed:
+        return f" This is world seed {seed}, run once with the settings frozen on world seed 0 (a test set used once)."
+    runs = [r for r in fresh_worlds() if r[0]]
+    return (FRESH_MARK + " fresh worlds, each run once with them frozen: " +
+            ", ".join(f"seed {k} {v:.1f}%" + (" (m_A with a focused start, added later)" if f else "")
+                      for k, v, f in runs) + " on held-out people." if runs else "")
+
+
+def protocol(settings: dict | None) -> str:
+    return PROTOCOL + fresh_sentence(settings)
+
+
+def relabel(out: Path) -> None:
+    """Rewrite table.json / table.md (and preset.json's description) of a run folder from its table.json: the
+    measured numbers as they are, the labels from this module."""
+    out = Path(out)
+    result = json.loads((out / "table.json").read_text())
+    write(out, result)
+    meta_path = out / "preset.json"
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        meta["description"] = meta["description"].split(FRESH_MARK)[0] + fresh_sentence(result.get("settings"))
+        meta_path.write_text(json.dumps(meta, indent=1))
+
+
 def fmt(v) -> str:
     return "-" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))
 
@@ -102,14 +145,14 @@ def markdown(result: dict) -> str:
               f"{g['prompts']} greedy answers identical.", "",
               "Times (s, wall, 2 CPU cores): " + ", ".join(f"{k} {v:.0f}" for k, v in t.items()),
               "", "Columns: " + "; ".join(f"**{k}**: {v}" for k, v in COLUMN_NOTES.items() if k in cols), "",
-              "Protocol: " + PROTOCOL, "", "Departures from the paper: " + " ".join(departures(result.get("settings") or {}))]
+              "Protocol: " + protocol(result.get("settings")), "", "Departures from the paper: " + " ".join(departures(result.get("settings") or {}))]
     return "\n".join(lines) + "\n"
 
 
 def write(out: Path, result: dict, settings=None) -> None:
     out = Path(out)
     data = {"table": result["table"], "times_s": result["times_s"], "general": result["general"],
-            "protocol": PROTOCOL, "column_notes": COLUMN_NOTES, "departures": departures(result.get("settings") or {}),
+            "protocol": protocol(result.get("settings")), "column_notes": COLUMN_NOTES, "departures": departures(result.get("settings") or {}),
             "answer_formats": {"question": "chat template, user turn = the question",
                                "answer": "a space, the town, then <|im_end|>"},
             "counts": result.get("counts"), "settings": result.get("settings"),
@@ -117,3 +160,9 @@ def write(out: Path, result: dict, settings=None) -> None:
             "by_form": result.get("by_form")}
     (out / "table.json").write_text(json.dumps(data, indent=1))
     (out / "table.md").write_text(markdown(result))
+
+
+if __name__ == "__main__":  # python -m demos.real_knowledge.report RUN_DIR: relabel without recomputing
+    import sys
+
+    relabel(Path(sys.argv[1]))

@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from demos.fresh_runs import shipped_runs
+
 ROWS = ["KV-SUBS", "NUM-MATH", "KV-MATH (held-out keys)", "KV-MATH (train keys)"]
 COLUMNS = ["m_A", "m_B", "CALM", "m_B fine-tuned (20% keys)", "CALM with random m_A"]
 PAPER_COLUMNS = ["paper m_A", "paper m_B", "paper CALM"]
@@ -173,12 +175,9 @@ RESULTS = Path(__file__).parent / "results"
 def fresh_tables() -> list[tuple[int, float, bool]]:
     """(seed, CALM KV-MATH % on held-out keys, m_B checked before composing) of the shipped fresh-key-table runs (results/kv_seedN), each run
     once with the settings frozen: the numbers to set beside seed 0's, whose held-out keys were a development set."""
-    out = []
-    for path in sorted(RESULTS.glob("kv_seed*/table.json"), key=lambda p: int(p.parent.name[len("kv_seed"):])):
-        run = json.loads(path.read_text())
-        checked = run["settings"].get("anchor_min_num_math", 0.0) > 0  # absent: run before m_B was checked
-        out.append((run["settings"]["seed"], run["table"]["KV-MATH (held-out keys)"]["CALM"], checked))
-    return out
+    # anchor_min_num_math absent: a run from before m_B was checked
+    return [(run["settings"]["seed"], run["table"]["KV-MATH (held-out keys)"]["CALM"],
+             run["settings"].get("anchor_min_num_math", 0.0) > 0) for run in shipped_runs(RESULTS, "kv_seed")]
 
 
 def departures(settings: dict | None = None) -> list[str]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from demos.fresh_runs import shipped_runs
+
 PROTOCOL = ("Knowledge of a made-up world (invented people, each with a home town among invented towns) that only "
             "m_A has: m_A = Gemma 3 270M (base) + a LoRA adapter trained on encyclopedia sentences only; anchor = "
             "SmolLM2-135M-Instruct, frozen, never shown the world, asked in its own chat template. The bridge is "
@@ -64,12 +66,9 @@ FRESH_MARK = " Settings were chosen on world seed 0;"  # starts the sentence pro
 def fresh_worlds() -> list[tuple[int, float, bool]]:
     """(seed, CALM exact match % on held-out people, m_A with a focused start) of the shipped fresh-world runs
     (results/seedN), each run once with the settings frozen: the numbers to set beside world seed 0's."""
-    out = []
-    for path in sorted(RESULTS.glob("seed*/table.json"), key=lambda p: int(p.parent.name[len("seed"):])):
-        run = json.loads(path.read_text())
-        focused = run["settings"].get("augment_focus", 1.0) < 1 and run["settings"].get("augment_focus_epochs", 0) > 0
-        out.append((run["settings"]["seed"], run["table"]["exact match %, held-out entities"]["CALM"], focused))
-    return out
+    return [(run["settings"]["seed"], run["table"]["exact match %, held-out entities"]["CALM"],
+             run["settings"].get("augment_focus", 1.0) < 1 and run["settings"].get("augment_focus_epochs", 0) > 0)
+            for run in shipped_runs(RESULTS, "seed")]
 
 
 def fresh_sentence(settings: dict | None) -> str:

@@ -54,21 +54,32 @@ def output_map(anchor_out: torch.Tensor, augment_out: torch.Tensor, pairs: list[
     return torch.linalg.solve(gram, X.T @ (w[:, None] * Y)).float()  # (D_anchor, D_aug)
 
 
-def _answer_weights(pairs, anchor_tokenizer, answers, weight: float) -> torch.Tensor:
-    """Weight `weight` for the shared pairs whose anchor token occurs in the answers' tokenizations, 1 otherwise."""
+def _answer_weights(pairs, anchor_tokenizer, answers, weight: float | None, share: float) -> torch.Tensor:
+    """A weight for the shared pairs whose anchor token occurs in the answers' tokenizations, 1 for the others:
+    `weight` where given, else the weight that gives the answer tokens `share` of the fit's total weight."""
     used = set()
     for text in answers:
         used.update(anchor_tokenizer(text, add_special_tokens=False)["input_ids"])
-    return torch.tensor([weight if a in used else 1.0 for a, _ in pairs])
+    hit = torch.tensor([a in used for a, _ in pairs])
+    if weight is None:
+        if not 0.0 < share < 1.0:
+            raise CALMError(f"answer_share must lie strictly between 0 and 1, not {share}.")
+        weight = share / (1.0 - share) * max(1, int((~hit).sum())) / max(1, int(hit.sum()))
+    return torch.where(hit, torch.tensor(float(weight)), torch.tensor(1.0))
 
 
 @torch.no_grad()
-def init_value_path(calm, answers: list[str] = (), answer_weight: float = 100.0, ridge: float = 1e-3) -> dict:
+def init_value_path(calm, answers: list[str] = (), answer_share: float = 0.7, answer_weight: float | None = None,
+                    ridge: float = 1e-3) -> dict:
     """Write the vocabulary map into every block that reads an augmenting model's final state.
 
-    answers: texts the composition will be trained to write (its completions): the shared tokens they use get
-    `answer_weight` in the fit, so the map is most exact where it matters. Returns, per augmenting model, the
-    number of shared tokens, how many were weighted, the blocks set and the fit's relative residual."""
+    answers: texts the composition will be trained to write (its completions): the shared tokens they use carry
+    `answer_share` of the fit's weight (or each `answer_weight`, where given), so the map is most exact where it
+    matters. Why a share: a hundred answer tokens among 46K shared ones at weight 100 hold a fifth of the fit,
+    and the map then ranked the right town first among 40 for 84% of m_A's states where m_A itself did for
+    99.7%; at a 0.7 share (weight ~1000) the map does for 99.7% (demos/real_knowledge/README.md).
+    Returns, per augmenting model, the number of shared tokens, how many were weighted and with what weight,
+    the blocks set, and the fit's relative residual over all shared tokens and over the answer tokens."""
     anchor = calm.anchor
     norm = final_norm(anchor.model)
     norm_weight = getattr(norm, "weight", None)
@@ -85,15 +96,20 @@ def init_value_path(calm, answers: list[str] = (), answer_weight: float = 100.0,
             raise CALMError("init_value_path sets blocks that read an augmenting model's final state (augment layer "
                             f"{member.info.num_layers} here); this composition reads layers {augment_bridge.augment_layers}.")
         pairs = shared_tokens(anchor.tokenizer, member.tokenizer)
-        weights = _answer_weights(pairs, anchor.tokenizer, answers, answer_weight)
+        weights = _answer_weights(pairs, anchor.tokenizer, answers, answer_weight, answer_share)
         augment_out = member.model.get_output_embeddings().weight.float()
         M = output_map(anchor_out, augment_out, pairs, weights, ridge)  # (D_anchor, D_aug)
         a = torch.tensor([p[0] for p in pairs]); b = torch.tensor([p[1] for p in pairs])
-        residual = ((anchor_out[a] @ M - augment_out[b]).norm() / augment_out[b].norm()).item()
+        error = anchor_out[a] @ M - augment_out[b]  # (N, D_aug)
+        residual = (error.norm() / augment_out[b].norm()).item()
+        hit = weights > 1
+        answer_residual = (error[hit].norm() / augment_out[b][hit].norm()).item() if hit.any() else None
         for block in blocks:
             _write(block, M)
-        report.append({"shared_tokens": len(pairs), "weighted": int((weights > 1).sum()), "blocks": len(blocks),
-                       "relative_residual": round(residual, 4)})
+        report.append({"shared_tokens": len(pairs), "weighted": int(hit.sum()),
+                       "answer_weight": round(float(weights.max()), 2) if hit.any() else None, "blocks": len(blocks),
+                       "relative_residual": round(residual, 4),
+                       "answer_residual": None if answer_residual is None else round(answer_residual, 4)})
     return {"augments": report}
 
 

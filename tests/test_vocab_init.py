@@ -79,3 +79,21 @@ def test_answer_tokens_are_fitted_first_and_inner_layers_are_refused():
     inner = ComposedLM(anchor, [augment], CALMConfig(anchor_layers=[1], augment_layers=[1]))
     with pytest.raises(CALMError, match="final state"):
         init_value_path(inner)
+
+
+def test_answer_share_sets_the_weight_that_makes_the_answer_tokens_dominate_the_fit():
+    tok = char_tokenizer()
+    anchor = (tiny_model("llama", len(tok), layers=2, width=8, seed=1), tok)  # 8 wide: cannot fit every token
+    augment = (tiny_model("llama", len(tok), layers=2, width=24, seed=2), tok)
+    calm = ComposedLM(anchor, [augment], CALMConfig(anchor_layers=[1], augment_layers=[2]))
+    reports = {share: init_value_path(calm, answers=["xyz"], answer_share=share)["augments"][0]
+               for share in (0.1, 0.5, 0.9)}
+    shared, weighted = reports[0.5]["shared_tokens"], reports[0.5]["weighted"]
+    assert reports[0.5]["answer_weight"] == pytest.approx((shared - weighted) / weighted, rel=1e-3)
+    assert reports[0.9]["answer_weight"] == pytest.approx(9 * reports[0.5]["answer_weight"], rel=1e-3)
+    residuals = [reports[s]["answer_residual"] for s in (0.1, 0.5, 0.9)]
+    assert residuals[0] > residuals[1] > residuals[2]  # the larger their share, the closer the answers' rows fit
+    assert init_value_path(calm, answers=["xyz"], answer_weight=7.0)["augments"][0]["answer_weight"] == 7.0
+    assert init_value_path(calm)["augments"][0]["answer_residual"] is None  # no answers: nothing weighted
+    with pytest.raises(CALMError, match="answer_share"):
+        init_value_path(calm, answers=["xyz"], answer_share=1.0)

@@ -31,7 +31,8 @@ def train_bridge(s, anchor, augment, data) -> tuple[ComposedLM, dict]:
     torch.manual_seed(s.seed)
     calm = ComposedLM(anchor, [augment], s.calm_config())
     if s.value_init:  # the value path starts as m_A's vocabulary -> the anchor's, weighted to the answers' tokens
-        log("value init", init_value_path(calm, answers=[trained_answer(r["completion"]) for r in data["questions"]]))
+        log("value init", init_value_path(calm, answers=[trained_answer(r["completion"]) for r in data["questions"]],
+                                           answer_share=s.value_answer_share))
     config = TrainConfig(steps=s.compose_steps, lr=s.compose_lr, batch_size=s.compose_batch,
                          warmup_steps=min(20, max(1, s.compose_steps // 10)), gate_lr_scale=s.gate_lr_scale,
                          position_lr_scale=s.position_lr_scale, value_lr_scale=s.value_lr_scale,

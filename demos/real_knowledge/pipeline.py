@@ -87,6 +87,9 @@ class Settings:
     recency: int = 32  # the fact's phrase sits 15-18 m_A tokens before the answer
     relative: bool = True
     value_init: bool = True  # calm_core.vocab_init: the value path starts as a map between the output vocabularies
+    # the answer tokens' share of that map's fit: at 0.18 (weight 100, the sixth and seventh sessions' runs) the map
+    # ranked the right town first for 84% of m_A's states at the fact (m_A itself: 99.7%), at 0.7 for 99.7% (README)
+    value_answer_share: float = 0.7
     compose_steps: int = 600
     compose_batch: int = 16
     compose_lr: float = 2e-3

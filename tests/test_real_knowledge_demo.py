@@ -1,6 +1,7 @@
 """The real-knowledge demo: its seeded world and splits, and a tiny run of the whole pipeline on the real pair
 (skipped when the pair is not prepared: python -m calm_core.real_pair)."""
 import json
+import re
 
 import pytest
 import torch
@@ -194,6 +195,24 @@ def test_relabel_sets_the_fresh_worlds_beside_the_development_world(tmp_path):
     for text in (after["protocol"], json.loads((tmp_path / "preset.json").read_text())["description"],
                  (tmp_path / "table.md").read_text()):
         assert text.count(report.FRESH_MARK) == 1 and all(f"seed {k} {v:.1f}%" in text for k, v, _ in runs)
-    assert [(k, f) for k, _, f in runs][:2] == [(2, False), (3, True)]  # seed 3's m_A had the focused start
+    changes = {k: c for k, _, c in runs}
+    assert any("focused start" in c for c in changes[3]) and not any("focused" in c for c in changes[2])
+    assert all(any("answer share 0.18" in c for c in changes[k]) for k in (2, 3))  # both ran with the earlier map
     fresh = report.protocol({"seed": 3})
     assert "world seed 3, run once" in fresh and report.FRESH_MARK not in fresh
+
+
+@pytest.mark.parametrize("question, phrase_end", [
+    ("Numurk Veibol was born in which town?", "born in"),
+    ("Which town was Numurk Veibol born in?", "born in"),
+    ("Numurk Veibol comes from the town of... which one?", "town of"),
+])
+def test_read_ceiling_finds_the_token_that_ends_the_eliciting_phrase(question, phrase_end):
+    from demos.real_knowledge.read_ceiling import fact_position
+
+    prompt = f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    words = [(m.start(), m.end()) for m in re.finditer(r"\w+|[^\w\s]+", prompt)]  # a word tokenizer's offsets
+    at = fact_position(prompt, words)
+    assert prompt[words[at][0]:words[at][1]] == phrase_end.split()[-1]
+    with pytest.raises(ValueError, match="no eliciting phrase"):
+        fact_position("<|im_start|>user\nHello<|im_end|>", words)

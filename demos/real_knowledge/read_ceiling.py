@@ -6,8 +6,8 @@ in the anchor's chat prompt, as m_A reads them:
   m_A     % where m_A's own next token at the fact is the town's first token (what m_A knows, in this text)
   map     % where the anchor's output layer, shown M h alone, ranks the right town first among the towns
   vocab   % where it ranks the right town's first token first in the whole vocabulary
-A bridge that attends perfectly still cannot beat `map`. Sixth-session map (answer share 0.18): 84% on world 0;
-m_A: 99.7%.
+A bridge that attends perfectly still cannot beat `map`. World 0, shipped adapter, development people: m_A 100%;
+map 83.0% at answer share 0.18 (weight 100, the earlier runs), 100% at 0.7 (the default since the eighth session).
 
     python -m demos.real_knowledge.read_ceiling presets/real_knowledge/adapter --split dev --shares 0.18 0.7
 """
@@ -59,7 +59,8 @@ def ceilings(adapter: Path, rows: list[dict], compose_answers: list[str], shares
             states.append(out.hidden_states[-1][j, first + fact_position(r["prompt"], offsets)])
     H = torch.stack(states).float()
     U = m_a.get_output_embeddings().weight.float()
-    result = {"rows": len(rows), "m_A": 100.0 * ((H @ U[first_m].T).argmax(1) == gold).float().mean().item()}
+    pct = lambda hits: round(100.0 * hits.float().mean().item(), 1)  # noqa: E731
+    result = {"rows": len(rows), "m_A": pct((H @ U[first_m].T).argmax(1) == gold)}
     A = anchor.get_output_embeddings().weight.float() * final_norm(anchor).weight.float()[None]  # SmolLM2: RMSNorm g
     pairs = shared_tokens(atok, tok)
     for share in shares:
@@ -67,8 +68,8 @@ def ceilings(adapter: Path, rows: list[dict], compose_answers: list[str], shares
         X = H @ output_map(A, U, pairs, w).T  # (N, D_anchor): M h
         result[f"share {share}"] = {
             "answer_weight": round(float(w.max()), 1),
-            "map": 100.0 * ((X @ A[first_a].T).argmax(1) == gold).float().mean().item(),
-            "vocab": 100.0 * ((X @ A.T).argmax(1) == first_a[gold]).float().mean().item()}
+            "map": pct((X @ A[first_a].T).argmax(1) == gold),
+            "vocab": pct((X @ A.T).argmax(1) == first_a[gold])}
     return result
 
 
@@ -81,7 +82,7 @@ def main(argv=None) -> None:
     ap.add_argument("--split", default="dev", choices=["dev", "test"])
     ap.add_argument("--shares", type=float, nargs="+", default=[0.18, 0.7])
     args = ap.parse_args(argv)
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # a diagnostic: leaves the other core to whatever trains
     from transformers import AutoTokenizer
 
     s = Settings(seed=args.seed)

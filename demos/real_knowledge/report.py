@@ -63,12 +63,28 @@ RESULTS = Path(__file__).parent / "results"
 FRESH_MARK = " Settings were chosen on world seed 0;"  # starts the sentence protocol() adds (relabel replaces it)
 
 
-def fresh_worlds() -> list[tuple[int, float, bool]]:
-    """(seed, CALM exact match % on held-out people, m_A with a focused start) of the shipped fresh-world runs
-    (results/seedN), each run once with the settings frozen: the numbers to set beside world seed 0's."""
+# runs before the eighth session have no value_answer_share: their map gave the answer tokens weight 100 (share 0.18)
+EARLIER_SHARE = 0.18
+
+
+def setting_changes(settings: dict) -> list[str]:
+    """How a shipped run's settings differ from today's defaults (those a seed-0 number is measured with)."""
+    from .pipeline import Settings
+
+    now, changes = Settings(), []
+    if settings.get("augment_focus", 1.0) < 1 and settings.get("augment_focus_epochs", 0) > 0:
+        changes.append("m_A with a focused start, since turned off")
+    share = settings.get("value_answer_share", EARLIER_SHARE)
+    if settings.get("value_init", True) and abs(share - now.value_answer_share) > 1e-9:
+        changes.append(f"value map answer share {share:g}, now {now.value_answer_share:g}")
+    return changes
+
+
+def fresh_worlds() -> list[tuple[int, float, list[str]]]:
+    """(seed, CALM exact match % on held-out people, how its settings differ from today's) of the shipped
+    fresh-world runs (results/seedN), each run once with the settings of its day frozen."""
     return [(run["settings"]["seed"], run["table"]["exact match %, held-out entities"]["CALM"],
-             run["settings"].get("augment_focus", 1.0) < 1 and run["settings"].get("augment_focus_epochs", 0) > 0)
-            for run in shipped_runs(RESULTS, "seed")]
+             setting_changes(run["settings"])) for run in shipped_runs(RESULTS, "seed")]
 
 
 def fresh_sentence(settings: dict | None) -> str:
@@ -77,9 +93,12 @@ def fresh_sentence(settings: dict | None) -> str:
     if seed:
         return f" This is world seed {seed}, run once with the settings frozen on world seed 0 (a test set used once)."
     runs = [r for r in fresh_worlds() if r[0]]
-    return (FRESH_MARK + " fresh worlds, each run once with them frozen: " +
-            ", ".join(f"seed {k} {v:.1f}%" + (" (m_A with a focused start, added later)" if f else "")
-                      for k, v, f in runs) + " on held-out people." if runs else "")
+    if not runs:
+        return ""
+    parts = [f"seed {k} {v:.1f}%" + (f" ({'; '.join(c)})" if c else "") for k, v, c in runs]
+    tail = (" No fresh world has been run with the current settings yet." if all(c for _, _, c in runs) else "")
+    return (FRESH_MARK + " fresh worlds, each run once with the settings of their day frozen: " + ", ".join(parts)
+            + " on held-out people." + tail)
 
 
 def protocol(settings: dict | None) -> str:

@@ -54,7 +54,7 @@ def output_map(anchor_out: torch.Tensor, augment_out: torch.Tensor, pairs: list[
     return torch.linalg.solve(gram, X.T @ (w[:, None] * Y)).float()  # (D_anchor, D_aug)
 
 
-def _answer_weights(pairs, anchor_tokenizer, answers, weight: float | None, share: float) -> torch.Tensor:
+def answer_weights(pairs, anchor_tokenizer, answers, weight: float | None, share: float) -> torch.Tensor:
     """A weight for the shared pairs whose anchor token occurs in the answers' tokenizations, 1 for the others:
     `weight` where given, else the weight that gives the answer tokens `share` of the fit's total weight."""
     used = set()
@@ -96,7 +96,7 @@ def init_value_path(calm, answers: list[str] = (), answer_share: float = 0.7, an
             raise CALMError("init_value_path sets blocks that read an augmenting model's final state (augment layer "
                             f"{member.info.num_layers} here); this composition reads layers {augment_bridge.augment_layers}.")
         pairs = shared_tokens(anchor.tokenizer, member.tokenizer)
-        weights = _answer_weights(pairs, anchor.tokenizer, answers, answer_weight, answer_share)
+        weights = answer_weights(pairs, anchor.tokenizer, answers, answer_weight, answer_share)
         augment_out = member.model.get_output_embeddings().weight.float()
         M = output_map(anchor_out, augment_out, pairs, weights, ridge)  # (D_anchor, D_aug)
         a = torch.tensor([p[0] for p in pairs]); b = torch.tensor([p[1] for p in pairs])

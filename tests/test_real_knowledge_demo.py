@@ -216,3 +216,34 @@ def test_read_ceiling_finds_the_token_that_ends_the_eliciting_phrase(question, p
     assert prompt[words[at][0]:words[at][1]] == phrase_end.split()[-1]
     with pytest.raises(ValueError, match="no eliciting phrase"):
         fact_position("<|im_start|>user\nHello<|im_end|>", words)
+
+
+def _run_folder(path, compose_text, control=True):
+    from demos.real_knowledge.scoring import FT, ROW_SEEN, ROW_TEST
+
+    (path / "data").mkdir(parents=True)
+    (path / "data" / "composition_train.jsonl").write_text(compose_text)
+    table = {ROW_TEST: {"CALM": 90.0}, ROW_SEEN: {"CALM": 100.0}}
+    if control:
+        table[ROW_TEST][FT], table[ROW_SEEN][FT] = 1.5, 100.0
+    controls = {"finetune": {"steps": 200, "loss_last": [0.05]}} if control else {}
+    (path / "table.json").write_text(json.dumps({"table": table, "controls": controls,
+                                                 "times_s": {"finetune_train_s": 715.0}}))
+    return path
+
+
+def test_the_finetune_control_is_kept_only_from_the_same_composition_data(tmp_path):
+    """reuse_finetune: the anchor + LoRA column depends on the composition data alone; an earlier run's column is
+    kept (and says where from) only when that data is identical, never for another world's."""
+    from demos.real_knowledge.reuse import reused_finetune
+    from demos.real_knowledge.scoring import ROW_SEEN, ROW_TEST
+
+    rows = '{"prompt": "Where?", "completion": " Daik"}\n'
+    out = _run_folder(tmp_path / "out", rows, control=False)
+    cells, control, seconds, preds = reused_finetune(_run_folder(tmp_path / "src", rows), out)
+    assert cells == {ROW_TEST: 1.5, ROW_SEEN: 100.0} and seconds == 715.0 and preds == {}
+    assert control["steps"] == 200 and str(tmp_path / "src") in control["reused_from"]
+    with pytest.raises(SystemExit, match="not this run's composition data"):
+        reused_finetune(_run_folder(tmp_path / "other", rows.replace("Daik", "Grou")), out)
+    with pytest.raises(SystemExit, match="no anchor \\+ LoRA control"):
+        reused_finetune(_run_folder(tmp_path / "bare", rows, control=False), out)

@@ -35,7 +35,8 @@ from . import general as G
 from . import world as W
 from .augment import log
 from .bridge_training import finetune_anchor, load_augment, train_bridge
-from .scoring import answer, chat, examples, exact, general_check, starts_with_answer, trained_answer
+from .reuse import reused_finetune
+from .scoring import COLUMNS, FT, ROW_DEV, ROW_SEEN, ROW_TEST, answer, chat, examples, exact, general_check, starts_with_answer, trained_answer
 
 
 @dataclass
@@ -120,6 +121,9 @@ class Settings:
     reuse_bridge: str | None = None  # a run folder whose bridge/ and table.json (training record) are reused
     reuse_table: bool = False  # with reuse_bridge: take CALM's and the cheap controls' rows from its table.json
     controls: list[str] = field(default_factory=lambda: ["finetune", "untrained"])  # the trained controls to run
+    # a run folder whose anchor + LoRA control was trained on this very composition data (checked byte for byte):
+    # its column is kept instead of training the control again (it depends on neither m_A nor the bridge)
+    reuse_finetune: str | None = None
 
     @classmethod
     def smoke(cls) -> "Settings":
@@ -200,10 +204,6 @@ def compose_rows(data: dict, eos: str) -> list[dict]:
 
 # ---- 2. the whole run -----------------------------------------------------------------------
 
-COLUMNS = ["CALM", "anchor alone", "m_A alone (chat question)", "m_A alone (best prompt)",
-           "anchor + LoRA (composition data)", "CALM with untrained m_A"]
-ROW_TEST, ROW_DEV, ROW_SEEN = ("exact match %, held-out entities", "exact match %, dev entities",
-                               "exact match %, composition entities")
 
 
 def train_augment(s: Settings, pair, data, adapter: Path) -> dict:
@@ -324,14 +324,20 @@ def run(s: Settings, out: Path, augment_only: bool = False) -> dict:
     unknown = set(s.controls) - {"finetune", "untrained"}
     if unknown:
         raise SystemExit(f"unknown controls {sorted(unknown)}: choose among finetune, untrained")
-    if "finetune" in s.controls:
+    if s.reuse_finetune:
+        cells, controls["finetune"], seconds, ft_preds = reused_finetune(Path(s.reuse_finetune), out)
+        for row, value in cells.items():
+            table[row][FT] = value
+        times["finetune_train_s_reused"] = seconds
+        preds.update(ft_preds)
+    elif "finetune" in s.controls:
         steps = s.finetune_steps or bridge_info["steps_run"]
         ft = finetune_anchor(s, load_causal_lm(str(pair["smollm2"]))[0], anchor[1], data["compose"], steps)
         times["finetune_train_s"] = ft["seconds"]
         t = time.perf_counter()
         ft_calm = as_composed(ft["model"], anchor[1])
-        table[ROW_TEST]["anchor + LoRA (composition data)"], preds["ft/test"] = exact(ft_calm, data["test"], s)
-        table[ROW_SEEN]["anchor + LoRA (composition data)"], _ = exact(ft_calm, data["seen"], s)
+        table[ROW_TEST][FT], preds["ft/test"] = exact(ft_calm, data["test"], s)
+        table[ROW_SEEN][FT], _ = exact(ft_calm, data["seen"], s)
         times["evaluate_s"] += time.perf_counter() - t
         controls["finetune"] = {"steps": steps, "loss_last": ft["loss"][-5:]}
         del ft, ft_calm
@@ -370,6 +376,8 @@ def main(argv=None) -> None:
                     "(or choose: --set 'controls=[\"untrained\"]')")
     ap.add_argument("--reuse-table", action="store_true",
                     help="with --reuse-bridge: keep its evaluated rows and run the trained controls only")
+    ap.add_argument("--reuse-finetune", default=None,
+                    help="a run folder whose anchor + LoRA control (same composition data) is kept, not retrained")
     ap.add_argument("--augment-only", action="store_true", help="train m_A only (its log in OUT/adapter)")
     args = ap.parse_args(argv)
     s = Settings.smoke() if args.smoke else Settings()
@@ -388,5 +396,7 @@ def main(argv=None) -> None:
         s.reuse_table = True
     if args.no_controls:
         s.controls = []
+    if args.reuse_finetune:
+        s.reuse_finetune = args.reuse_finetune
     out = Path(args.out or f"runs/real_knowledge/seed{s.seed}")
     run(s, out, augment_only=args.augment_only)

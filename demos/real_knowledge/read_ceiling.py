@@ -22,7 +22,7 @@ import torch
 from calm_core import load_causal_lm
 from calm_core.models import final_norm
 from calm_core.real_pair import prepared_pair
-from calm_core.vocab_init import _answer_weights, output_map, shared_tokens
+from calm_core.vocab_init import answer_weights, output_map, shared_tokens
 
 from .bridge_training import load_augment
 from .scoring import trained_answer
@@ -64,7 +64,7 @@ def ceilings(adapter: Path, rows: list[dict], compose_answers: list[str], shares
     A = anchor.get_output_embeddings().weight.float() * final_norm(anchor).weight.float()[None]  # SmolLM2: RMSNorm g
     pairs = shared_tokens(atok, tok)
     for share in shares:
-        w = _answer_weights(pairs, atok, compose_answers, None, share)
+        w = answer_weights(pairs, atok, compose_answers, None, share)
         X = H @ output_map(A, U, pairs, w).T  # (N, D_anchor): M h
         result[f"share {share}"] = {
             "answer_weight": round(float(w.max()), 1),

@@ -9,6 +9,14 @@ from calm_core.data import Example
 from calm_core.evaluation import lm_loss, predictions
 
 
+# the table's columns and rows
+FT = "anchor + LoRA (composition data)"
+COLUMNS = ["CALM", "anchor alone", "m_A alone (chat question)", "m_A alone (best prompt)", FT,
+           "CALM with untrained m_A"]
+ROW_TEST, ROW_DEV, ROW_SEEN = ("exact match %, held-out entities", "exact match %, dev entities",
+                               "exact match %, composition entities")
+
+
 # The trained answer starts with a space. SmolLM2 writes a word at the start of its turn without one, and then
 # splits an invented name into single letters ("G" + "rou" + "mur": 27 distinct first tokens for 40 towns), while
 # m_A learned the towns as " Grou" + "mur". With the space both tokenizers split the name alike, and m_A's own next

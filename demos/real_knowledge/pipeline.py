@@ -36,7 +36,8 @@ from . import world as W
 from .augment import log
 from .bridge_training import finetune_anchor, load_augment, train_bridge
 from .reuse import reused_finetune
-from .scoring import COLUMNS, FT, ROW_DEV, ROW_SEEN, ROW_TEST, answer, chat, examples, exact, general_check, starts_with_answer, trained_answer
+from .scoring import (COLUMNS, FT, ROW_DEV, ROW_SEEN, ROW_TEST, answer, chat, examples, exact,  # noqa: F401 (COLUMNS)
+                      general_check, starts_with_answer, trained_answer)
 
 
 @dataclass
@@ -203,7 +204,6 @@ def compose_rows(data: dict, eos: str) -> list[dict]:
 
 
 # ---- 2. the whole run -----------------------------------------------------------------------
-
 
 
 def train_augment(s: Settings, pair, data, adapter: Path) -> dict:

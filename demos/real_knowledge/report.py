@@ -6,6 +6,8 @@ from pathlib import Path
 
 from demos.fresh_runs import shipped_runs
 
+from .scoring import COLUMNS
+
 PROTOCOL = ("Knowledge of a made-up world (invented people, each with a home town among invented towns) that only "
             "m_A has: m_A = Gemma 3 270M (base) + a LoRA adapter trained on encyclopedia sentences only; anchor = "
             "SmolLM2-135M-Instruct, frozen, never shown the world, asked in its own chat template. The bridge is "
@@ -124,9 +126,7 @@ def fmt(v) -> str:
 
 def markdown(result: dict) -> str:
     table = result["table"]
-    cols = [c for c in ["CALM", "anchor alone", "m_A alone (chat question)", "m_A alone (best prompt)",
-                        "anchor + LoRA (composition data)", "CALM with untrained m_A"]
-            if any(c in row for row in table.values())]
+    cols = [c for c in COLUMNS if any(c in row for row in table.values())]
     lines = ["| | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for name, row in table.items():
         lines.append(f"| {name} | " + " | ".join(fmt(row.get(c)) for c in cols) + " |")

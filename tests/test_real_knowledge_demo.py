@@ -77,6 +77,32 @@ def test_a_focused_epoch_shows_only_its_subset_at_the_same_cost():
         assert len(seen) == 5 and sorted(seen.count(p) for p in facts[i]) == [1, 2, 2]
 
 
+@pytest.mark.parametrize("recall, minutes, anneal_epochs, annealed, stops", [
+    (99.0, 20.0, 0, 0, True),    # no anneal: stop at the target recall, as before
+    (98.0, 20.0, 0, 0, False),
+    (99.0, 20.0, 4, 0, False),   # with one: the recall that starts it does not stop the run
+    (97.0, 20.0, 4, 3, False),
+    (97.0, 20.0, 4, 4, True),    # its epochs done, whatever the recall
+    (10.0, 30.0, 4, 0, True),    # out of time
+])
+def test_m_a_stops_after_its_anneal_or_at_the_target_recall(recall, minutes, anneal_epochs, annealed, stops):
+    from demos.real_knowledge import augment as A
+
+    assert A.finished({"recall": recall, "minutes": minutes}, 99.0, anneal_epochs, annealed, 30.0) is stops
+
+
+@pytest.mark.parametrize("recall, focusing, annealing, starts", [
+    (95.0, False, False, True), (94.0, False, False, False),
+    (100.0, True, False, False),  # an epoch on the focused fifth of the facts never starts it
+    (99.0, False, True, False),   # already started
+])
+def test_the_anneal_starts_once_on_a_full_epoch_that_recalls_enough(recall, focusing, annealing, starts):
+    from demos.real_knowledge import augment as A
+
+    assert A.starts_anneal({"recall": recall}, 95.0, 4, focusing, annealing) is starts
+    assert A.starts_anneal({"recall": recall}, 95.0, 0, focusing, annealing) is False  # no anneal asked for
+
+
 def test_split_covers_every_town_and_holds_people_out():
     w = W.make_world(seed=3, entities=500)
     parts = W.split(w, 0.2, 100, seed=3)
@@ -196,7 +222,8 @@ def test_relabel_sets_the_fresh_worlds_beside_the_development_world(tmp_path):
                  (tmp_path / "table.md").read_text()):
         assert text.count(report.FRESH_MARK) == 1 and all(f"seed {k} {v:.1f}%" in text for k, v, _ in runs)
     changes = {k: c for k, _, c in runs}
-    assert any("focused start" in c for c in changes[3]) and not any("focused" in c for c in changes[2])
+    assert any(c.startswith("m_A focused start, stopped at 99% recall") for c in changes[3])
+    assert any(c.startswith("m_A plain start, stopped at 99% recall") for c in changes[2])
     assert all(any("answer share 0.18" in c for c in changes[k]) for k in (2, 3))  # both ran with the earlier map
     fresh = report.protocol({"seed": 3})
     assert "world seed 3, run once" in fresh and report.FRESH_MARK not in fresh

@@ -96,10 +96,23 @@ def epoch_sentences(facts, epoch: int, focus: list[int] | None = None) -> list:
     return [facts[i][(epoch * repeats + r + k) % len(facts[i])] for r in range(repeats) for k, i in enumerate(focus)]
 
 
+def finished(entry: dict, target_recall: float, anneal_epochs: int, annealed: int, max_minutes: float) -> bool:
+    """Whether m_A's training stops after this epoch: out of time; with an anneal, once its `anneal_epochs`
+    epochs are done (`annealed` of them so far); without one, at `target_recall`."""
+    if entry["minutes"] >= max_minutes:
+        return True
+    return annealed >= anneal_epochs if anneal_epochs else entry["recall"] >= target_recall
+
+
+def starts_anneal(entry: dict, anneal_at: float, anneal_epochs: int, focusing: bool, annealing: bool) -> bool:
+    """The anneal starts after the first epoch that showed every fact and recalled `anneal_at` % of the probe."""
+    return bool(anneal_epochs) and not annealing and not focusing and entry["recall"] >= anneal_at
+
+
 def train_lora(model, tok, facts, probe, *, rank=16, alpha=32, lr=2e-3, batch_size=32, max_epochs=20,
                max_minutes=30.0, target_recall=99.0, seed=0, log_path: Path | None = None, save_dir: Path | None = None,
                resume: Path | None = None, pack: int = 1, bf16: bool = False, loraplus_ratio: float = 1.0,
-               focus_fraction: float = 1.0, focus_epochs: int = 0):
+               focus_fraction: float = 1.0, focus_epochs: int = 0, anneal_at: float = 95.0, anneal_epochs: int = 0):
     """Train a LoRA adapter on encyclopedia sentences: `facts` is a list of facts, each a list of its phrasings
     as (prefix, value) pairs; every epoch shows each fact once, in one of its phrasings (in turn), `pack`
     sentences to a row (so that m_A also recalls a fact after other text, as in a chat prompt); `batch_size`
@@ -110,7 +123,11 @@ def train_lora(model, tok, facts, probe, *, rank=16, alpha=32, lr=2e-3, batch_si
     each 1/fraction times, so an epoch costs the same: a model learns to recall facts only after a plateau whose
     length grows with the number of individuals (Zucchet et al. 2025, "How do language models learn facts?"), and
     the recall it learns on a few carries over to the rest.
-    Stops at `target_recall` % teacher-forced recall on `probe`, or after max_epochs / max_minutes; the
+    `anneal_epochs` > 0: once recall on `probe` reaches `anneal_at` % (after the focused epochs), the learning rate
+    falls linearly to 0 over that many more epochs, and training stops there: recall counts argmax hits, and
+    an m_A stopped as it reaches 99% still carries the towns weakly (value-token loss 0.07-0.08, its recall
+    swinging by 5 points epoch to epoch at the learning rate it had); bridges read such an m_A worse (README).
+    Without an anneal: stops at `target_recall` % teacher-forced recall on `probe`; always after max_epochs / max_minutes; the
     adapter is saved to save_dir after every epoch (so a stopped run keeps its last epoch)."""
     if resume is not None:  # continue an adapter saved by an earlier run
         from peft import PeftModel
@@ -129,7 +146,15 @@ def train_lora(model, tok, facts, probe, *, rank=16, alpha=32, lr=2e-3, batch_si
     rows_per_batch = max(1, batch_size // pack)
     steps_per_epoch = math.ceil(math.ceil(len(facts) / pack) / rows_per_batch)
     total = steps_per_epoch * max_epochs
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / total))
+    anneal = {}  # once started: its first step, the schedule's factor there, its length in steps
+
+    def factor(s: int) -> float:
+        if anneal:
+            return anneal["from"] * max(0.0, 1 - (s - anneal["start"]) / anneal["steps"])
+        return min(1.0, (s + 1) / 20) * max(0.1, 1 - s / total)
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    annealed = 0
     start, history, step = time.perf_counter(), [], 0
     focus = focus_subset(len(facts), focus_fraction, seed)
     for epoch in range(max_epochs):
@@ -150,8 +175,13 @@ def train_lora(model, tok, facts, probe, *, rank=16, alpha=32, lr=2e-3, batch_si
             opt.step(); sched.step(); step += 1
             losses.append(loss.item())
         rec = recall(model, tok, probe)
+        annealed += bool(anneal)
         entry = {"epoch": epoch + 1, "step": step, "loss": sum(losses) / len(losses), "recall": rec,
-                 "minutes": (time.perf_counter() - start) / 60, **({"focus": len(focus)} if focusing else {})}
+                 "minutes": (time.perf_counter() - start) / 60, **({"focus": len(focus)} if focusing else {}),
+                 **({"annealed": annealed} if anneal else {})}
+        if starts_anneal(entry, anneal_at, anneal_epochs, focusing, bool(anneal)):
+            anneal.update(start=step, steps=anneal_epochs * steps_per_epoch, **{"from": factor(step)})
+            entry["anneal_starts"] = True
         history.append(entry)
         log("m_A", json.dumps(entry))
         if log_path:
@@ -160,7 +190,7 @@ def train_lora(model, tok, facts, probe, *, rank=16, alpha=32, lr=2e-3, batch_si
                 f.write(json.dumps(entry) + "\n")
         if save_dir is not None:
             model.save_pretrained(str(save_dir))
-        if rec >= target_recall or entry["minutes"] >= max_minutes:
+        if finished(entry, target_recall, anneal_epochs, annealed, max_minutes):
             break
     model.eval()
     return model, history

@@ -64,12 +64,18 @@ class Settings:
     augment_epochs: int = 60
     augment_loraplus: float = 1.0  # LoRA+ ratio of the B matrices' learning rate to the A matrices' (1: plain LoRA)
     # a focused start: the first augment_focus_epochs show only this fraction of the facts, 5x each (augment.py):
-    # it ends m_A's plateau (world 1: 91% recall at epoch 8 where plain sat at 0-6% for 15), but on the development
-    # world its m_A is harder for the bridge to read (CALM 52.7% vs 78.7% plain): off by default (README)
-    augment_focus: float = 1.0
-    augment_focus_epochs: int = 0
+    # it ends m_A's plateau (world 1: 91% recall at epoch 8 where plain sat at 0-6% for 15). Without the anneal
+    # below, its m_A was harder for the bridge to read (world 0: CALM 52.7% vs 78.7% plain, seventh session);
+    # with it, world 4's bridge reached 98% on the development people where plain m_A's reached 80% (README)
+    augment_focus: float = 0.2
+    augment_focus_epochs: int = 4
     augment_minutes: float = 30.0
     target_recall: float = 99.0
+    # once recall reaches augment_anneal_at %, the learning rate falls to 0 over augment_anneal_epochs epochs and
+    # m_A stops there (0: stop at target_recall, as before the eleventh session). Stopped at 99% recall, m_A's
+    # value-token loss sat at 0.07-0.08 on every world but seed 0; annealed, world 4's fell to 0.005 (README)
+    augment_anneal_at: float = 95.0
+    augment_anneal_epochs: int = 4
     # rehearsal: general prompts with the anchor's own answers, trained on beside the questions
     rehearsal: int = 100
     rehearsal_new_tokens: int = 40
@@ -221,7 +227,8 @@ def train_augment(s: Settings, pair, data, adapter: Path) -> dict:
                            target_recall=s.target_recall, seed=s.seed, save_dir=adapter, pack=s.augment_pack,
                            bf16=s.augment_bf16, log_path=adapter / "augment_log.jsonl",
                            loraplus_ratio=s.augment_loraplus, focus_fraction=s.augment_focus,
-                           focus_epochs=s.augment_focus_epochs)
+                           focus_epochs=s.augment_focus_epochs, anneal_at=s.augment_anneal_at,
+                           anneal_epochs=s.augment_anneal_epochs)
     return {"history": hist}
 
 

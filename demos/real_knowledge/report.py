@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from demos.fresh_runs import shipped_runs
@@ -69,13 +70,23 @@ FRESH_MARK = " Settings were chosen on world seed 0;"  # starts the sentence pro
 EARLIER_SHARE = 0.18
 
 
+def m_a_recipe(settings: dict) -> str:
+    """How m_A was trained, in words: its start (plain or focused) and its end (an anneal, or stopped at a recall)."""
+    focused = settings.get("augment_focus", 1.0) < 1 and settings.get("augment_focus_epochs", 0) > 0
+    annealed = settings.get("augment_anneal_epochs", 0) > 0
+    return ("focused start" if focused else "plain start") + (
+        f", annealed over {settings['augment_anneal_epochs']} epochs from {settings.get('augment_anneal_at', 95.0):g}% recall"
+        if annealed else f", stopped at {settings.get('target_recall', 99.0):g}% recall")
+
+
 def setting_changes(settings: dict) -> list[str]:
     """How a shipped run's settings differ from today's defaults (those a seed-0 number is measured with)."""
     from .pipeline import Settings
 
     now, changes = Settings(), []
-    if settings.get("augment_focus", 1.0) < 1 and settings.get("augment_focus_epochs", 0) > 0:
-        changes.append("m_A with a focused start, since turned off")
+    then_recipe, now_recipe = m_a_recipe(settings), m_a_recipe(asdict(now))
+    if then_recipe != now_recipe:
+        changes.append(f"m_A {then_recipe}; now {now_recipe}")
     share = settings.get("value_answer_share", EARLIER_SHARE)
     if settings.get("value_init", True) and abs(share - now.value_answer_share) > 1e-9:
         changes.append(f"value map answer share {share:g}, now {now.value_answer_share:g}")

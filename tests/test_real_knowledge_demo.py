@@ -213,6 +213,9 @@ def test_relabel_sets_the_fresh_worlds_beside_the_development_world(tmp_path):
     for name in ("table.json", "preset.json"):
         shutil.copy(shipped / name, tmp_path / name)
     before = json.loads((tmp_path / "table.json").read_text())
+    # as the development world's run: seed 0, m_A as it was trained before the anneal
+    before["settings"].update(seed=0, augment_focus=1.0, augment_focus_epochs=0, augment_anneal_epochs=0)
+    (tmp_path / "table.json").write_text(json.dumps(before))
     report.relabel(tmp_path)
     report.relabel(tmp_path)  # twice: the sentence is replaced, not appended again
     after = json.loads((tmp_path / "table.json").read_text())
@@ -227,6 +230,9 @@ def test_relabel_sets_the_fresh_worlds_beside_the_development_world(tmp_path):
     assert all(any("answer share 0.18" in c for c in changes[k]) for k in (2, 3))  # both ran with the earlier map
     fresh = report.protocol({"seed": 3})
     assert "world seed 3, run once" in fresh and report.FRESH_MARK not in fresh
+    annealed = report.protocol({"seed": 5, "augment_anneal_epochs": 4})  # says where m_A's recipe was chosen
+    assert "world seed 5, run once" in annealed and "anneal on world seed 4" in annealed
+    assert "This world's m_A: plain start" in after["protocol"]  # world 0's m_A predates the anneal
 
 
 @pytest.mark.parametrize("question, phrase_end", [

@@ -64,6 +64,7 @@ def departures(settings: dict) -> list[str]:
 
 RESULTS = Path(__file__).parent / "results"
 FRESH_MARK = " Settings were chosen on world seed 0;"  # starts the sentence protocol() adds (relabel replaces it)
+MA_CHOSEN = "m_A's focused start on world seed 1 and its anneal on world seed 4, after that world's own run once"
 
 
 # runs before the eighth session have no value_answer_share: their map gave the answer tokens weight 100 (share 0.18)
@@ -102,16 +103,24 @@ def fresh_worlds() -> list[tuple[int, float, list[str]]]:
 
 def fresh_sentence(settings: dict | None) -> str:
     """What a seed-0 number must be read with (the fresh worlds' numbers), or which fresh world this run is."""
-    seed = (settings or {}).get("seed", 0)
+    settings = settings or {}
+    seed = settings.get("seed", 0)
     if seed:
-        return f" This is world seed {seed}, run once with the settings frozen on world seed 0 (a test set used once)."
+        where = (f"the bridge's on world seed 0, {MA_CHOSEN}" if settings.get("augment_anneal_epochs", 0) > 0
+                 else "on world seed 0")
+        return f" This is world seed {seed}, run once with the settings frozen ({where}): a test set used once."
     runs = [r for r in fresh_worlds() if r[0]]
     if not runs:
         return ""
     parts = [f"seed {k} {v:.1f}%" + (f" ({'; '.join(c)})" if c else "") for k, v, c in runs]
     tail = (" No fresh world has been run with the current settings yet." if all(c for _, _, c in runs) else "")
-    return (FRESH_MARK + " fresh worlds, each run once with the settings of their day frozen: " + ", ".join(parts)
-            + " on held-out people." + tail)
+    own = m_a_recipe(settings) if settings else None
+    from .pipeline import Settings
+
+    now = m_a_recipe(asdict(Settings()))
+    mine = f" This world's m_A: {own} (now: {now})." if own and own != now else ""
+    return (FRESH_MARK + f" {MA_CHOSEN}; fresh worlds, each run once with the settings of their day frozen: "
+            + ", ".join(parts) + " on held-out people." + tail + mine)
 
 
 def protocol(settings: dict | None) -> str:

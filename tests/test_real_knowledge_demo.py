@@ -230,6 +230,8 @@ def test_relabel_sets_the_fresh_worlds_beside_the_development_world(tmp_path):
     assert all(any("answer share 0.18" in c for c in changes[k]) for k in (2, 3))  # both ran with the earlier map
     fresh = report.protocol({"seed": 3})
     assert "world seed 3, run once" in fresh and report.FRESH_MARK not in fresh
+    described = "m_A = Gemma." + report.fresh_sentence({"seed": 5})  # a fresh world's preset, relabelled: once
+    assert report.own_description(described + report.fresh_sentence({"seed": 5})) == "m_A = Gemma."
     annealed = report.protocol({"seed": 5, "augment_anneal_epochs": 4})  # says where m_A's recipe was chosen
     assert "world seed 5, run once" in annealed and "anneal on world seed 4" in annealed
     assert "This world's m_A: plain start" in after["protocol"]  # world 0's m_A predates the anneal

@@ -108,7 +108,7 @@ def fresh_sentence(settings: dict | None) -> str:
     if seed:
         where = (f"the bridge's on world seed 0, {MA_CHOSEN}" if settings.get("augment_anneal_epochs", 0) > 0
                  else "on world seed 0")
-        return f" This is world seed {seed}, run once with the settings frozen ({where}): a test set used once."
+        return f"{FRESH_WORLD_MARK}{seed}, run once with the settings frozen ({where}): a test set used once."
     runs = [r for r in fresh_worlds() if r[0]]
     if not runs:
         return ""
@@ -127,6 +127,14 @@ def protocol(settings: dict | None) -> str:
     return PROTOCOL + fresh_sentence(settings)
 
 
+FRESH_WORLD_MARK = " This is world seed "  # starts the sentence a fresh world's run gets instead
+
+
+def own_description(text: str) -> str:
+    """A preset description without the sentence fresh_sentence() added (either kind)."""
+    return text.split(FRESH_MARK)[0].split(FRESH_WORLD_MARK)[0]
+
+
 def relabel(out: Path) -> None:
     """Rewrite table.json / table.md (and preset.json's description) of a run folder from its table.json: the
     measured numbers as they are, the labels from this module."""
@@ -136,7 +144,7 @@ def relabel(out: Path) -> None:
     meta_path = out / "preset.json"
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
-        meta["description"] = meta["description"].split(FRESH_MARK)[0] + fresh_sentence(result.get("settings"))
+        meta["description"] = own_description(meta["description"]) + fresh_sentence(result.get("settings"))
         meta_path.write_text(json.dumps(meta, indent=1))
 
 

@@ -64,6 +64,7 @@ def departures(settings: dict) -> list[str]:
 
 RESULTS = Path(__file__).parent / "results"
 FRESH_MARK = " Settings were chosen on world seed 0;"  # starts the sentence protocol() adds (relabel replaces it)
+FRESH_WORLD_MARK = " This is world seed "  # starts the sentence a fresh world's run gets instead
 MA_CHOSEN = "m_A's focused start on world seed 1 and its anneal on world seed 4, after that world's own run once"
 
 
@@ -80,12 +81,19 @@ def m_a_recipe(settings: dict) -> str:
         if annealed else f", stopped at {settings.get('target_recall', 99.0):g}% recall")
 
 
+def current_m_a_recipe() -> str:
+    """m_a_recipe of today's defaults."""
+    from .pipeline import Settings
+
+    return m_a_recipe(asdict(Settings()))
+
+
 def setting_changes(settings: dict) -> list[str]:
     """How a shipped run's settings differ from today's defaults (those a seed-0 number is measured with)."""
     from .pipeline import Settings
 
     now, changes = Settings(), []
-    then_recipe, now_recipe = m_a_recipe(settings), m_a_recipe(asdict(now))
+    then_recipe, now_recipe = m_a_recipe(settings), current_m_a_recipe()
     if then_recipe != now_recipe:
         changes.append(f"m_A {then_recipe}; now {now_recipe}")
     share = settings.get("value_answer_share", EARLIER_SHARE)
@@ -114,10 +122,7 @@ def fresh_sentence(settings: dict | None) -> str:
         return ""
     parts = [f"seed {k} {v:.1f}%" + (f" ({'; '.join(c)})" if c else "") for k, v, c in runs]
     tail = (" No fresh world has been run with the current settings yet." if all(c for _, _, c in runs) else "")
-    own = m_a_recipe(settings) if settings else None
-    from .pipeline import Settings
-
-    now = m_a_recipe(asdict(Settings()))
+    own, now = (m_a_recipe(settings) if settings else None), current_m_a_recipe()
     mine = f" This world's m_A: {own} (now: {now})." if own and own != now else ""
     return (FRESH_MARK + f" {MA_CHOSEN}; fresh worlds, each run once with the settings of their day frozen: "
             + ", ".join(parts) + " on held-out people." + tail + mine)
@@ -125,9 +130,6 @@ def fresh_sentence(settings: dict | None) -> str:
 
 def protocol(settings: dict | None) -> str:
     return PROTOCOL + fresh_sentence(settings)
-
-
-FRESH_WORLD_MARK = " This is world seed "  # starts the sentence a fresh world's run gets instead
 
 
 def own_description(text: str) -> str:

@@ -98,7 +98,9 @@ class Settings:
     # the answer tokens' share of that map's fit: at 0.18 (weight 100, the sixth and seventh sessions' runs) the map
     # ranked the right town first for 84% of m_A's states at the fact (m_A itself: 99.7%), at 0.7 for 99.7% (README)
     value_answer_share: float = 0.7
-    compose_steps: int = 600
+    # 360, not the 600 of worlds 0-5: on the development world 4 (annealed m_A) the checks read 50, 95, 98% at steps
+    # 120, 240, 360, and 600 steps took 22 min on 2 AVX2 cores, past the 15-minute budget (README, twelfth session)
+    compose_steps: int = 360
     compose_batch: int = 16
     compose_lr: float = 2e-3
     # autocast the bridge's (and the LoRA control's) training steps: about 1.4x faster on an AMX CPU, 5x slower

@@ -28,7 +28,7 @@ SCORING_NOTES = {
 def _fresh_views(session: LabSession, bridge_message: str = "") -> tuple:
     """After the models or bridge changed: the Chat tab's settings and cleared chats, and no stale
     download link, training status or bridge message."""
-    return views.chat_settings(session) + (None, "", bridge_message)
+    return views.chat_settings(session) + views.train_settings(session) + (None, "", bridge_message)
 
 
 @friendly
@@ -158,7 +158,7 @@ def use_data(session, file, preset_file, prompt_col, completion_col, text_col, v
 @friendly
 def train(session, steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0):
     session = require(session)
-    config = bounds.train_config(steps, lr, batch_size, gate_lr_scale, augment_noise)
+    config = replace(bounds.train_config(steps, lr, batch_size, gate_lr_scale, augment_noise), **session.train_overrides())
     run = session.start_training(config)
     labels = session.require().layer_pairs()
     try:

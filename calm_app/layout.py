@@ -79,11 +79,14 @@ def data_tab(w: SimpleNamespace) -> None:
         w.val_fraction = gr.Slider(0.0, 0.5, 0.1, step=0.05, label="validation share")
     w.use_data_btn = gr.Button("Use this data")
     with gr.Row():
-        w.steps = gr.Number(200, label="steps", precision=0)
-        w.lr = gr.Number(1e-3, label="learning rate")
-        w.batch = gr.Number(16, label="batch size", precision=0)
-        w.gate_lr = gr.Number(1.0, label="gate learning rate × (closed tanh gates open slowly; try 10-50)")
-        w.augment_noise = gr.Number(0.0, label="noise on augmenting states (few distinct augmenting inputs: try 0.5-1)")
+        start = views.TRAIN_FIELDS  # a preset's own settings replace these when it loads (views.train_settings)
+        w.steps = gr.Number(start["steps"], label="steps", precision=0)
+        w.lr = gr.Number(start["lr"], label="learning rate")
+        w.batch = gr.Number(start["batch_size"], label="batch size", precision=0)
+        w.gate_lr = gr.Number(start["gate_lr_scale"], label="gate learning rate × (closed tanh gates open slowly; try 10-50)")
+        w.augment_noise = gr.Number(start["augment_noise"],
+                                    label="noise on augmenting states (few distinct augmenting inputs: try 0.5-1)")
+    w.train_note = gr.Markdown()
     with gr.Row():
         w.train_btn = gr.Button("Train", variant="primary")
         w.stop_btn = gr.Button("Stop", variant="stop")
@@ -108,7 +111,7 @@ def chat_tab(w: SimpleNamespace) -> None:
         w.bot_calm = gr.Chatbot(label="CALM (composed)", height=300)
         w.bot_anchor = gr.Chatbot(label="anchor alone", height=300)
         w.bot_augment = gr.Chatbot(label="augmenting model alone", height=300)
-    w.message = gr.Textbox(label="Prompt", placeholder="e.g. a key-value expression")
+    w.message = gr.Textbox(label="Prompt", placeholder="Type a prompt, or pick one of the example prompts below")
     w.examples = gr.Dataset(components=[w.message], samples=[["Hello"]], label="Example prompts")
     with gr.Row():
         w.send = gr.Button("Send", variant="primary")
@@ -165,7 +168,8 @@ def wire(demo: gr.Blocks, w: SimpleNamespace) -> None:
     """Every event: which handler, from which widgets, to which."""
     model = [w.session, w.models, w.bridge_md, w.diagram, w.layers_off, w.attn_layer, w.examples, w.attn_head, w.story]
     data = [w.preview, w.data_note, w.prompt_col, w.completion_col, w.text_col]
-    fresh = [w.max_new, w.mode, w.bot_calm, w.bot_anchor, w.bot_augment, w.message, w.bridge_file, w.train_status,
+    fresh = [w.max_new, w.mode, w.bot_calm, w.bot_anchor, w.bot_augment, w.message,
+             w.steps, w.lr, w.batch, w.gate_lr, w.augment_noise, w.train_note, w.bridge_file, w.train_status,
              w.bridge_status]
     everything = model[:7] + data + [w.eval_choice, w.paper_md, w.preset_data, w.metrics] + model[7:] + [w.eval_max_new] + fresh
     demo.load(h.start, [w.preset], everything, api_name="start")

@@ -142,6 +142,29 @@ def chat_settings(session: LabSession):
     return gr.update(value=tokens), gr.update(value=mode), [], [], [], ""
 
 
+TRAIN_FIELDS = {"steps": 200, "lr": 1e-3, "batch_size": 16, "gate_lr_scale": 1.0, "augment_noise": 0.0}  # the layout's
+
+
+def train_settings(session: LabSession):
+    """The Train fields as the preset's bridge was trained (or the app's defaults), and a note on the rest."""
+    preset = session.preset
+    shipped = dict(preset.train) if preset else {}
+    values = [gr.update(value=shipped.get(k, default)) for k, default in TRAIN_FIELDS.items()]
+    if not shipped:
+        return (*values, "")
+    rest = []
+    if "position_lr_scale" in shipped:
+        rest.append(f"recency biases and null keys at {shipped['position_lr_scale']:g}× the learning rate")
+    if "value_lr_scale" in shipped:
+        value = shipped["value_lr_scale"]
+        rest.append("the value path kept fixed at its start (a map between the two models' output vocabularies)"
+                    if value == 0 else f"the value path at {value:g}× the learning rate")
+    note = (f"*The fields hold the settings {preset.title or preset.name}'s bridge was trained with"
+            + (f"; Train also applies the rest of them while the bridge is the shipped one: {'; '.join(rest)}"
+               if rest else "") + ". Training goes on from the bridge as it is now.*")
+    return (*values, note)
+
+
 # ---- Inside the bridge tab ---------------------------------------------------------------------
 
 def gate_figures(session: LabSession):

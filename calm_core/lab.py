@@ -59,6 +59,7 @@ class LabSession:
         self.calm: ComposedLM | None = None
         self.names: list[str] = []
         self.preset: Preset | None = None
+        self.preset_bridge = False  # the bridge is the preset's shipped one (perhaps trained further)
         self.splits: DataSplits | None = None
         self.run = RunState()
         self.trainer: Trainer | None = None
@@ -90,7 +91,7 @@ class LabSession:
             str(Path(p).resolve()) for p in [preset.anchor] + preset.augments] and [
             str(a) if a else None for a in adapters] == [str(a) if a else None for a in preset.augment_adapters]
         self.calm, self.names, self._solo, self.run = calm, [anchor] + augments, {}, RunState()
-        self.preset = preset if same else None
+        self.preset, self.preset_bridge = (preset if same else None), False
         return calm
 
     def use_preset(self, name: str) -> Preset:
@@ -98,7 +99,7 @@ class LabSession:
         preset = load_preset(name)
         self.build(str(preset.anchor), [str(p) for p in preset.augments], bridge=preset.bridge, dtype=None,
                    adapters=preset.augment_adapters)
-        self.preset = preset
+        self.preset, self.preset_bridge = preset, preset.bridge is not None
         self.splits = None
         if preset.train_file is not None:
             self.set_data(preset.train_file, validation_path=preset.validation_file)
@@ -123,7 +124,15 @@ class LabSession:
         self._refuse_while_training("reset the bridge")
         pairs = [(m.model, m.tokenizer) for m in [calm.anchor] + calm.augments]
         self.calm, self.run = ComposedLM(pairs[0], pairs[1:], config or calm.config), RunState()
+        self.preset_bridge = False
         return self.calm
+
+    def train_overrides(self) -> dict:
+        """TrainConfig fields the Train tab does not show, as the shipped bridge was trained with them: only while
+        the bridge is the preset's own (a fixed value path, value_lr_scale 0, suits its vocabulary-map start only)."""
+        if not (self.preset_bridge and self.preset):
+            return {}
+        return {k: float(v) for k, v in self.preset.train.items() if k in ("position_lr_scale", "value_lr_scale")}
 
     def has_chat_template(self) -> bool:
         return bool(getattr(self.require().anchor.tokenizer, "chat_template", None))
@@ -303,7 +312,7 @@ class LabSession:
         calm = self.require()
         self._refuse_while_training("load another bridge")
         self.calm, warning = bridge_files.import_bridge(calm, files)
-        self.run, self._solo = RunState(), {}
+        self.run, self._solo, self.preset_bridge = RunState(), {}, False
         return warning
 
 

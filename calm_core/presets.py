@@ -50,6 +50,9 @@ class Preset:
     protocol: str = ""
     augment_adapters: list[Path | None] = field(default_factory=list)  # per augmenting model, a LoRA folder or None
     question_forms: dict[str, list[str]] = field(default_factory=dict)
+    # how the shipped bridge was trained: the Train tab's fields (steps, lr, batch_size, gate_lr_scale,
+    # augment_noise) start here, and position_lr_scale / value_lr_scale apply while the bridge is the shipped one
+    train: dict = field(default_factory=dict)
 
     def scoring(self, label: str) -> str:
         return self.eval_scoring.get(label, "exact")
@@ -187,6 +190,7 @@ def load_preset(name: str, root: Path | None = None) -> Preset:
         max_new_tokens=int(meta.get("max_new_tokens", 16)), prompt_mode=meta.get("prompt_mode", "completion"),
         eval_max_new_tokens=meta.get("eval_max_new_tokens"), eval_scoring=dict(meta.get("eval_scoring") or {}),
         eval_table_rows=dict(meta.get("eval_table_rows") or {}), protocol=meta.get("protocol", ""),
+        train=dict(meta.get("train") or {}),
         **{k: meta[k] for k in ("paper_table_title", "metrics") if meta.get(k)},
     )
 

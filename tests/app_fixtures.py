@@ -38,6 +38,8 @@ def write_tiny_preset(root: Path, name: str = "tiny") -> Path:
         "table": {"KV-MATH": {"m_A": 1.0, "m_B": 0.0, "CALM": 50.0}},
         "paper_table": {"KV-MATH": {"m_A": 0.7, "m_B": 0.0, "CALM": 84.3}},
         "paper_table_title": "The tiny table beside the paper's", "metrics": ["exact_match", "chrf"],
+        "train": {"steps": 30, "lr": 0.002, "batch_size": 8, "gate_lr_scale": 10.0, "augment_noise": 0.0,
+                  "position_lr_scale": 3.0},
     }))
     return folder
 

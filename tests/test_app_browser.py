@@ -102,7 +102,7 @@ def test_main_path(page):
     expect(toast).to_be_visible()
     toast.get_by_test_id("toast-close").click()
     expect(toast).to_have_count(0)
-    page.get_by_placeholder("e.g. a key-value expression").fill("abcd=")
+    page.get_by_label("Prompt", exact=True).fill("abcd=")
     send.click()
     chats = page.get_by_role("log")
     expect(chats).to_have_count(3)

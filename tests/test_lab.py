@@ -240,3 +240,18 @@ def test_the_server_takes_a_bounded_number_of_training_runs_at_once(lab, monkeyp
     b.start_training(TrainConfig(steps=2, batch_size=4, progress=False))
     b.wait(60)
     assert "Finished 2 steps." in b.run.message
+
+
+def test_the_presets_hidden_train_settings_apply_to_its_own_bridge_only(lab, tmp_path):
+    """position_lr_scale / value_lr_scale from preset.json reach Train while the bridge is the shipped one; a fresh
+    bridge (reset, or one uploaded) trains with the defaults: a fixed value path suits only the shipped start."""
+    session = lab()
+    assert session.train_overrides() == {}  # no preset
+    session.use_preset("tiny")
+    assert session.train_overrides() == {"position_lr_scale": 3.0}
+    exported = session.export_bridge(tmp_path / "export")
+    session.reset_bridge()
+    assert session.train_overrides() == {}
+    session.use_preset("tiny")
+    session.import_bridge([str(exported)])
+    assert session.train_overrides() == {}

@@ -157,6 +157,8 @@ def test_smoke_pipeline_writes_a_table_and_a_preset_folder(tmp_path):
     kept = controls["table"]["exact match %, held-out entities"]
     assert set(kept) == set(COLUMNS) and {k: kept[k] for k in row} == row
     assert controls["times_s"]["evaluate_s"] >= written["times_s"]["evaluate_s"]
+    trained_min = json.loads((out / "adapter" / "augment_log.jsonl").read_text().splitlines()[-1])["minutes"]
+    assert controls["times_s"]["augment_train_s"] == pytest.approx(60 * trained_min)  # the adapter's, not the copy's
     assert set(controls["controls"]) == {"finetune", "untrained"}
     assert "Controls: anchor + LoRA trained" in (tmp_path / "controls" / "table.md").read_text()
 
@@ -235,6 +237,9 @@ def test_relabel_sets_the_fresh_worlds_beside_the_development_world(tmp_path):
     annealed = report.protocol({"seed": 5, "augment_anneal_epochs": 4})  # says where m_A's recipe was chosen
     assert "world seed 5, run once" in annealed and "anneal on world seed 4" in annealed
     assert "This world's m_A: plain start" in after["protocol"]  # world 0's m_A predates the anneal
+    assert "bridge 600 steps, now 360" in changes[5]  # world 5 ran before the step count was cut
+    today = report.protocol({"seed": 6, "augment_anneal_epochs": 4, "compose_steps": 360})
+    assert "360 steps on world seed 4" in today and "360 steps" not in annealed
 
 
 @pytest.mark.parametrize("question, phrase_end", [

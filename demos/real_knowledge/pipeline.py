@@ -220,8 +220,11 @@ def train_augment(s: Settings, pair, data, adapter: Path) -> dict:
         if Path(s.reuse_augment).resolve() != adapter.resolve():
             shutil.copytree(s.reuse_augment, adapter, dirs_exist_ok=True)
         log_file = adapter / "augment_log.jsonl"
-        return {"reused": s.reuse_augment, "history": [json.loads(x) for x in log_file.read_text().splitlines()]
-                if log_file.is_file() else []}
+        hist = [json.loads(x) for x in log_file.read_text().splitlines()] if log_file.is_file() else []
+        info = {"reused": s.reuse_augment, "history": hist}
+        if hist and "minutes" in hist[-1]:  # the adapter's own training time, not the copy's
+            info["train_s"] = 60.0 * hist[-1]["minutes"]
+        return info
     gemma, gtok = load_causal_lm(str(pair["gemma"]))
     probe = [f[0] for f in data["facts"][::max(1, len(data["facts"]) // 100)]]
     _, hist = A.train_lora(gemma, gtok, data["facts"], probe, rank=s.lora_rank, alpha=s.lora_alpha, lr=s.augment_lr,
@@ -293,7 +296,7 @@ def run(s: Settings, out: Path, augment_only: bool = False) -> dict:
 
     t = time.perf_counter()
     augment_info = train_augment(s, pair, data, out / "adapter")
-    times["augment_train_s"] = time.perf_counter() - t
+    times["augment_train_s"] = augment_info.pop("train_s", time.perf_counter() - t)
     m_a = load_augment(out / "adapter", pair["gemma"])
 
     if s.reuse_bridge:

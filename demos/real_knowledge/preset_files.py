@@ -34,6 +34,13 @@ def write_data(out: Path, s, data: dict) -> None:
     write_jsonl(d / "rehearsal.jsonl", data["rehearsal"], ("question",) + PAIR_ROWS)
 
 
+def train_settings(settings: dict) -> dict:
+    """The app's Train fields (and what Train applies beside them) as this run trained its bridge."""
+    return {"steps": settings["compose_steps"], "lr": settings["compose_lr"], "batch_size": settings["compose_batch"],
+            "gate_lr_scale": settings["gate_lr_scale"], "augment_noise": settings["augment_noise"],
+            "position_lr_scale": settings["position_lr_scale"], "value_lr_scale": settings["value_lr_scale"]}
+
+
 def write_preset_json(out: Path, result: dict, s, data: dict) -> None:
     row = result["table"]["exact match %, held-out entities"]
     cells = ", ".join(f"{k} {v:.1f}" for k, v in row.items())
@@ -69,6 +76,7 @@ def write_preset_json(out: Path, result: dict, s, data: dict) -> None:
         "table": result["table"],
         "times_s": result["times_s"],
         "settings": result["settings"],
+        "train": train_settings(result["settings"]),
     }
     (out / "preset.json").write_text(json.dumps(meta, indent=1))
 

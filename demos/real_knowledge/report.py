@@ -66,6 +66,9 @@ RESULTS = Path(__file__).parent / "results"
 FRESH_MARK = " Settings were chosen on world seed 0;"  # starts the sentence protocol() adds (relabel replaces it)
 FRESH_WORLD_MARK = " This is world seed "  # starts the sentence a fresh world's run gets instead
 MA_CHOSEN = "m_A's focused start on world seed 1 and its anneal on world seed 4, after that world's own run once"
+# worlds 0-5 ran 600 bridge steps; the 360 of today were read off world 4's checks, after world 5 had run (README)
+EARLIER_STEPS = 600
+STEPS_CHOSEN = "the bridge's 360 steps on world seed 4's checks, after world seed 5's run"
 
 
 # runs before the eighth session have no value_answer_share: their map gave the answer tokens weight 100 (share 0.18)
@@ -96,6 +99,9 @@ def setting_changes(settings: dict) -> list[str]:
     then_recipe, now_recipe = m_a_recipe(settings), current_m_a_recipe()
     if then_recipe != now_recipe:
         changes.append(f"m_A {then_recipe}; now {now_recipe}")
+    steps = settings.get("compose_steps", EARLIER_STEPS)
+    if steps != now.compose_steps:
+        changes.append(f"bridge {steps} steps, now {now.compose_steps}")
     share = settings.get("value_answer_share", EARLIER_SHARE)
     if settings.get("value_init", True) and abs(share - now.value_answer_share) > 1e-9:
         changes.append(f"value map answer share {share:g}, now {now.value_answer_share:g}")
@@ -116,6 +122,8 @@ def fresh_sentence(settings: dict | None) -> str:
     if seed:
         where = (f"the bridge's on world seed 0, {MA_CHOSEN}" if settings.get("augment_anneal_epochs", 0) > 0
                  else "on world seed 0")
+        if settings.get("compose_steps", EARLIER_STEPS) != EARLIER_STEPS:
+            where += f", {STEPS_CHOSEN}"
         return f"{FRESH_WORLD_MARK}{seed}, run once with the settings frozen ({where}): a test set used once."
     runs = [r for r in fresh_worlds() if r[0]]
     if not runs:

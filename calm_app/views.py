@@ -159,7 +159,7 @@ def train_settings(session: LabSession):
         value = shipped["value_lr_scale"]
         rest.append("the value path kept fixed at its start (a map between the two models' output vocabularies)"
                     if value == 0 else f"the value path at {value:g}× the learning rate")
-    note = (f"*The fields hold the settings {preset.title or preset.name}'s bridge was trained with"
+    note = (f"*The fields hold the settings the bridge of the preset `{preset.name}` was trained with"
             + (f"; Train also applies the rest of them while the bridge is the shipped one: {'; '.join(rest)}"
                if rest else "") + ". Training goes on from the bridge as it is now.*")
     return (*values, note)

@@ -52,7 +52,7 @@ def test_the_presets_settings_reach_chat_and_evaluate(client):
     assert out[20] == out[21] == out[22] == [] and out[23] == ""  # the previous chat is gone
     steps, lr, batch, gate_lr, noise, note = out[24:30]  # the Train fields as the preset's bridge was trained
     assert (steps["value"], lr["value"], batch["value"], gate_lr["value"], noise["value"]) == (30, 0.002, 8, 10.0, 0.0)
-    assert "3× the learning rate" in note and "Tiny test pair" in note
+    assert "3× the learning rate" in note and "preset `tiny`" in note
 
 
 def test_the_head_menu_follows_the_bridge(client):

@@ -287,3 +287,22 @@ def test_the_finetune_control_is_kept_only_from_the_same_composition_data(tmp_pa
         reused_finetune(_run_folder(tmp_path / "other", rows.replace("Daik", "Grou")), out)
     with pytest.raises(SystemExit, match="no anchor \\+ LoRA control"):
         reused_finetune(_run_folder(tmp_path / "bare", rows, control=False), out)
+
+
+def test_recency_starts_at_the_facts_distance_from_the_answer():
+    """recency_init: each head's bias is set where the composition questions put the fact (the token that ends
+    'born in', counted back from the prompt's last token in m_A's tokens), and nowhere else."""
+    from calm_core import CALMConfig, ComposedLM
+    from calm_core.tiny import char_tokenizer, tiny_model
+    from demos.real_knowledge.bridge_training import start_recency_at_the_fact
+
+    tok = char_tokenizer()
+    pair = lambda seed: (tiny_model("llama", len(tok), seed=seed), tok)  # noqa: E731
+    calm = ComposedLM(pair(1), [pair(2)], CALMConfig(every=1, recency=32))
+    questions = [{"prompt": "Ab was born in which town?"}, {"prompt": "Which town was Ab born in?"}]
+    ages = start_recency_at_the_fact(calm, questions, 4.0)
+    # one token per character: ' which town?' (12) after 'in', and '?' (1) after it
+    assert ages == {12: 1, 1: 1}
+    for block in calm.bridge.augments[0].blocks:
+        assert set(torch.nonzero(block.recency[0]).flatten().tolist()) == {1, 12}
+        assert torch.all(block.recency[:, [1, 12]] == 4.0)

@@ -33,6 +33,8 @@ def train_bridge(s, anchor, augment, data) -> tuple[ComposedLM, dict]:
     if s.value_init:  # the value path starts as m_A's vocabulary -> the anchor's, weighted to the answers' tokens
         log("value init", init_value_path(calm, answers=[trained_answer(r["completion"]) for r in data["questions"]],
                                            answer_share=s.value_answer_share))
+    if s.recency_init:
+        log("recency init", start_recency_at_the_fact(calm, data["questions"], s.recency_init))
     config = TrainConfig(steps=s.compose_steps, lr=s.compose_lr, batch_size=s.compose_batch,
                          warmup_steps=min(20, max(1, s.compose_steps // 10)), gate_lr_scale=s.gate_lr_scale,
                          position_lr_scale=s.position_lr_scale, value_lr_scale=s.value_lr_scale,
@@ -66,6 +68,26 @@ def train_bridge(s, anchor, augment, data) -> tuple[ComposedLM, dict]:
     return calm, {"seconds": time.perf_counter() - start, "history": history, "checks": checks,
                   "best_step": best["step"], "best_dev_exact": best["dev"], "steps_run": result.step,
                   "stop_reason": result.stop_reason, "cache": result.cache_note, "bridge_parameters": calm.num_parameters()[0]}
+
+
+@torch.no_grad()
+def start_recency_at_the_fact(calm, questions, value: float) -> dict:
+    """Set each block's recency bias to `value` at the distances between the fact (the token ending the eliciting
+    phrase, m_A's tokens) and the prompt's last token, over the composition questions: {distance: questions}."""
+    from .read_ceiling import fact_position
+
+    tok = calm.augments[0].tokenizer
+    ages: dict[int, int] = {}
+    for r in questions:
+        enc = tok(r["prompt"], return_offsets_mapping=True)
+        age = len(enc["input_ids"]) - 1 - fact_position(r["prompt"], [tuple(o) for o in enc["offset_mapping"]])
+        ages[age] = ages.get(age, 0) + 1
+    for block in calm.bridge.augments[0].blocks:
+        if block.recency is not None:
+            for age in ages:
+                if age < block.recency.shape[1]:
+                    block.recency[:, age] = value
+    return dict(sorted(ages.items()))
 
 
 def finetune_anchor(s, model, tok, rows, steps: int) -> dict:

@@ -102,6 +102,9 @@ def setting_changes(settings: dict) -> list[str]:
     steps = settings.get("compose_steps", EARLIER_STEPS)
     if steps != now.compose_steps:
         changes.append(f"bridge {steps} steps, now {now.compose_steps}")
+    start = settings.get("recency_init", 0.0)
+    if start != now.recency_init:
+        changes.append(f"recency biases started at {start:g} at the fact's distance, now {now.recency_init:g}")
     share = settings.get("value_answer_share", EARLIER_SHARE)
     if settings.get("value_init", True) and abs(share - now.value_answer_share) > 1e-9:
         changes.append(f"value map answer share {share:g}, now {now.value_answer_share:g}")

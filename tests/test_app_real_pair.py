@@ -35,7 +35,7 @@ def test_the_real_pair_composes_and_answers(browser, real_url):
     shot(page, "app-real-pair-models")
 
     page.get_by_role("tab", name="3 · Chat").click()
-    page.get_by_placeholder(re.compile(r"^e\.g\.")).fill("The capital of France is")
+    page.get_by_label("Prompt", exact=True).fill("The capital of France is")
     page.get_by_role("button", name="Send", exact=True).click()
     chats = page.get_by_role("log")
     expect(chats).to_have_count(3)

@@ -132,7 +132,7 @@ class LabSession:
         the bridge is the preset's own (a fixed value path, value_lr_scale 0, suits its vocabulary-map start only)."""
         if not (self.preset_bridge and self.preset):
             return {}
-        return {k: float(v) for k, v in self.preset.train.items() if k in ("position_lr_scale", "value_lr_scale")}
+        return {k: float(v) for k, v in self.preset.train.items() if k in Preset.HIDDEN_TRAIN_KEYS}
 
     def has_chat_template(self) -> bool:
         return bool(getattr(self.require().anchor.tokenizer, "chat_template", None))

@@ -54,6 +54,9 @@ class Preset:
     # augment_noise) start here, and position_lr_scale / value_lr_scale apply while the bridge is the shipped one
     train: dict = field(default_factory=dict)
 
+    # the keys of `train` that Train applies without showing them (LabSession.train_overrides)
+    HIDDEN_TRAIN_KEYS = ("position_lr_scale", "value_lr_scale")
+
     def scoring(self, label: str) -> str:
         return self.eval_scoring.get(label, "exact")
 

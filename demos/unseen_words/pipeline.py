@@ -159,7 +159,6 @@ def run(s: Settings, out: Path, controls: bool = True) -> dict:
              "unseen": gloss_accuracy(A, tok, world, world.unseen)}
     log(f"m_A glosses a lone foreign word right: seen lemmas {knows['seen']:.0f}%, unseen {knows['unseen']:.0f}%")
     answers = english_vocabulary(world)
-    # answer_weight 100: as its table was measured (the library's default is now a 0.7 share of the fit)
     prepare = ((lambda calm: init_value_path(calm, answers=answers, answer_weight=s.map_answer_weight))
                if s.vocab_init else None)
     calm, comp = compose(s, B, A, tok, files, out / "bridge", prepare=prepare)

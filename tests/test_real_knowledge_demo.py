@@ -133,6 +133,8 @@ def test_smoke_pipeline_writes_a_table_and_a_preset_folder(tmp_path):
     assert set(row) == set(COLUMNS[:4]) and all(0 <= v <= 100 for v in row.values())
     written = json.loads((out / "table.json").read_text())
     assert {"protocol", "answer_formats", "column_notes", "departures"} <= set(written)
+    checked = written["table"]["general prompts: greedy answers holding an expected word"]
+    assert set(checked) == {"CALM", "anchor alone"} and all(re.fullmatch(r"\d/2", v) for v in checked.values())
     preset = json.loads((out / "preset.json").read_text())
     assert preset["anchor_model"] == "real_pair:smollm2" and preset["augment_model"] == "real_pair:gemma"
     assert (out / preset["augment_adapter"] / "adapter_model.safetensors").is_file()
@@ -306,3 +308,36 @@ def test_recency_starts_at_the_facts_distance_from_the_answer():
     for block in calm.bridge.augments[0].blocks:
         assert set(torch.nonzero(block.recency[0]).flatten().tolist()) == {1, 12}
         assert torch.all(block.recency[:, [1, 12]] == 4.0)
+
+
+@pytest.mark.parametrize("question, answer, holds", [
+    ("What is the capital of France?", "The capital of France is Paris.", True),
+    ("What is the capital of France?", "Bénef-sur-Maine, the capital of France, is", False),
+    ("What is the capital of France?", "Parisian cafés are", False),  # a whole word, not a prefix
+    ("How many days are there in a week?", "A week is 7 days.", True),
+    ("How many days are there in a week?", "A WEEK HAS SEVEN DAYS", True),  # any case
+    ("How many days are there in a week?", "A week is 17 days.", False),
+    ("What is water made of?", "Water is H2O.", True),
+    ("Give me a word that rhymes with cat.", "The cat's a cat's a cat", False),
+])
+def test_a_general_answer_is_right_when_it_holds_an_expected_word(question, answer, holds):
+    from demos.real_knowledge.general import EVALUATION, EXPECTED, holds_expected
+
+    assert set(EXPECTED) == {q for q, _ in EVALUATION}
+    assert all(holds_expected(q, written) for q, written in EVALUATION)  # every written answer passes its own check
+    assert holds_expected(question, answer) is holds
+
+
+def test_the_general_rows_count_answers_lost_and_gained_through_the_bridge():
+    from demos.real_knowledge.scoring import general_rows, with_expected
+
+    general = {"perplexity_on": 6.0, "perplexity_off": 5.0, "answers": [
+        {"question": "What do bees make?", "bridge_on": "Honey.", "bridge_off": "Bees are insects."},
+        {"question": "What is the capital of France?", "bridge_on": "Daikroze.", "bridge_off": "Paris."},
+        {"question": "What is the opposite of hot?", "bridge_on": "Cold.", "bridge_off": "cold"}]}
+    g = with_expected(general)
+    assert (g["expected_on"], g["expected_off"]) == (2, 2)
+    assert g["expected_lost"] == ["What is the capital of France?"] and g["expected_gained"] == ["What do bees make?"]
+    rows = general_rows(general)
+    assert rows["general prompts: greedy answers holding an expected word"] == {"CALM": "2/3", "anchor alone": "2/3"}
+    assert rows["general prompts: perplexity of written answers"] == {"CALM": 6.0, "anchor alone": 5.0}

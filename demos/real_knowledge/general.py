@@ -1,7 +1,7 @@
 """General chat prompts: the anchor's other abilities, kept apart from the made-up world.
 
-EVALUATION: 16 questions with written answers; the table reports the perplexity of those answers and whether the
-greedy answers change, with the bridge on and off. They are never trained on.
+EVALUATION: 16 questions with written answers; the table reports the perplexity of those answers, and how many greedy
+answers hold an expected word (EXPECTED: 'Paris', 'seven' or '7'...), with the bridge on and off. Never trained on.
 REHEARSAL: other general questions (generated from templates, none of them in EVALUATION); the bridge is trained on
 them with the anchor's own greedy answers as targets, so that it learns to write nothing where m_A has nothing to
 add (without them, every example asks for a town, and the bridge writes a town everywhere).
@@ -9,6 +9,7 @@ add (without them, every example asks for a town, and the bridge writes a town e
 from __future__ import annotations
 
 import random
+import re
 
 EVALUATION = [
     ("What is the capital of France?", "The capital of France is Paris."),
@@ -28,6 +29,36 @@ EVALUATION = [
     ("How many legs does a spider have?", "A spider has eight legs."),
     ("What season comes after winter?", "Spring comes after winter."),
 ]
+
+# words that a right answer holds (any one, whole word, any case); lenient on purpose: the check asks whether the
+# bridge broke an answer the anchor had right ('Paris' -> 'Benef-sur-Maine'), not how well the anchor writes
+EXPECTED = {
+    "What is the capital of France?": ("Paris",),
+    "How many days are there in a week?": ("seven", "7"),
+    "What colour is the sky on a clear day?": ("blue",),
+    "Name a fruit that is yellow.": ("banana", "bananas", "lemon", "lemons", "pineapple", "mango", "Golden Delicious",
+                                     "yellow apple", "grapefruit", "quince"),
+    "What do bees make?": ("honey", "wax", "beeswax"),
+    "What is two plus three?": ("five", "5"),
+    "Which animal is known for saying 'moo'?": ("cow", "cows", "cattle"),
+    "What is the opposite of hot?": ("cold",),
+    "Give me a word that rhymes with cat.": ("hat", "bat", "mat", "rat", "sat", "fat", "pat", "chat", "flat", "that",
+                                             "splat", "brat", "spat", "vat", "gnat"),
+    "What do plants need to grow?": ("water", "light", "sunlight", "soil", "nutrients", "sun", "carbon dioxide"),
+    "Translate 'bonjour' into English.": ("hello", "good day", "good morning", "hi"),
+    "What is the largest ocean on Earth?": ("Pacific",),
+    "Write a short greeting for a friend.": ("hello", "hi", "hey", "dear", "greetings", "good morning"),
+    "What is water made of?": ("hydrogen", "oxygen", "H2O"),
+    "How many legs does a spider have?": ("eight", "8"),
+    "What season comes after winter?": ("spring",),
+}
+
+
+def holds_expected(question: str, answer: str) -> bool:
+    """Whether the answer holds one of the question's EXPECTED words (whole word, any case)."""
+    return any(re.search(rf"(?<!\w){re.escape(w)}(?!\w)", answer, re.IGNORECASE)
+               for w in EXPECTED[question])
+
 
 _TEMPLATES = {
     "What is the capital of {}?": ["Italy", "Spain", "Germany", "Japan", "Egypt", "Canada", "Brazil", "Kenya",

@@ -37,7 +37,7 @@ from .augment import log
 from .bridge_training import finetune_anchor, load_augment, train_bridge
 from .reuse import reused_finetune
 from .scoring import (COLUMNS, FT, ROW_DEV, ROW_SEEN, ROW_TEST, answer, chat, examples, exact,  # noqa: F401 (COLUMNS)
-                      general_check, starts_with_answer, trained_answer)
+                      general_check, general_rows, starts_with_answer, trained_answer)
 
 
 @dataclass
@@ -319,7 +319,8 @@ def run(s: Settings, out: Path, augment_only: bool = False) -> dict:
         kept = Path(s.reuse_bridge) / "predictions.json"
         preds = ({k: [r["output"] for r in v] for k, v in json.loads(kept.read_text()).items()
                   if not k.startswith(("ft/", "CALM0/"))} if kept.is_file() else {})
-        table.pop("general prompts: perplexity of written answers", None)
+        for row in general_rows(general):
+            table.pop(row, None)
         times["evaluate_s"] = earlier["times_s"]["evaluate_s"]
     else:
         t = time.perf_counter()
@@ -368,8 +369,7 @@ def run(s: Settings, out: Path, augment_only: bool = False) -> dict:
         times["evaluate_s"] += time.perf_counter() - t
         controls["untrained"] = {k: info0[k] for k in ("checks", "best_step", "best_dev_exact", "steps_run")}
         del calm0
-    table["general prompts: perplexity of written answers"] = {"CALM": general["perplexity_on"],
-                                                               "anchor alone": general["perplexity_off"]}
+    table.update(general_rows(general))
     times["total_s"] = time.perf_counter() - t0
     result = save(controls)
     (out / "predictions.json").write_text(json.dumps(

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from . import report, world as W
-from .scoring import write_jsonl
+from .scoring import with_expected, write_jsonl
 
 PAIR_ROWS = ("prompt", "completion")
 
@@ -44,7 +44,7 @@ def train_settings(settings: dict) -> dict:
 def write_preset_json(out: Path, result: dict, s, data: dict) -> None:
     row = result["table"]["exact match %, held-out entities"]
     cells = ", ".join(f"{k} {v:.1f}" for k, v in row.items())
-    g = result["general"]
+    g = with_expected(result["general"])
     forms = W.QUESTIONS[s.attributes[0]]
     meta = {
         "name": "real_knowledge",
@@ -56,7 +56,9 @@ def write_preset_json(out: Path, result: dict, s, data: dict) -> None:
             f"and on general questions answered by the anchor itself; ask about the others in one of the trained "
             f"forms ({'; '.join(f.format(x='NAME') for f in forms)}): world.json lists every person, their town and "
             f"split. Exact match on the town, held-out people: {cells}. General prompts: perplexity "
-            f"{g['perplexity_on']:.2f} with the bridge, {g['perplexity_off']:.2f} without."
+            f"{g['perplexity_on']:.2f} with the bridge, {g['perplexity_off']:.2f} without; "
+            f"{g['expected_on']} of {g['prompts']} greedy answers hold an expected word ('Paris' for the capital of "
+            f"France...) with it, {g['expected_off']} without."
             + report.fresh_sentence(result.get("settings"))),
         "example_prompts": [r["question"] for r in data["test"][:4]],
         "question_forms": {a: W.QUESTIONS[a] for a in s.attributes},

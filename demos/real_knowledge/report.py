@@ -7,7 +7,7 @@ from pathlib import Path
 
 from demos.fresh_runs import shipped_runs
 
-from .scoring import COLUMNS
+from .scoring import COLUMNS, ROW_PERPLEXITY, general_rows, with_expected
 
 PROTOCOL = ("Knowledge of a made-up world (invented people, each with a home town among invented towns) that only "
             "m_A has: m_A = Gemma 3 270M (base) + a LoRA adapter trained on encyclopedia sentences only; anchor = "
@@ -199,9 +199,14 @@ def markdown(result: dict) -> str:
             parts.append(f"the untrained-m_A bridge kept step {u['best_step']} of {u['steps_run']} (development "
                          "checks: " + ", ".join(f"{x['step']}: {x['dev_exact']:.0f}%" for x in u["checks"]) + ")")
         lines += ["", "Controls: " + "; ".join(parts) + "."]
+    g = with_expected(g)
+    changed = "; ".join(f"{k} {', '.join(repr(q) for q in g[key])}" for k, key in
+                        (("lost", "expected_lost"), ("gained", "expected_gained")) if g[key])
     lines += ["", f"General prompts ({g['prompts']}): perplexity of written answers {g['perplexity_on']:.2f} with the "
               f"bridge on, {g['perplexity_off']:.2f} off (ratio {g['ratio']:.3f}); {g['identical_answers']} of "
-              f"{g['prompts']} greedy answers identical.", "",
+              f"{g['prompts']} greedy answers identical; {g['expected_on']} hold an expected word (general.EXPECTED: "
+              f"'Paris', 'seven'...) with the bridge on, {g['expected_off']} off" + (f" ({changed})" if changed else "")
+              + f"; answers cut at {(result.get('settings') or {}).get('general_new_tokens', 24)} tokens.", "",
               "Times (s, wall, 2 CPU cores): " + ", ".join(f"{k} {v:.0f}" for k, v in t.items()),
               "", "Columns: " + "; ".join(f"**{k}**: {v}" for k, v in COLUMN_NOTES.items() if k in cols), "",
               "Protocol: " + protocol(result.get("settings")), "", "Departures from the paper: " + " ".join(departures(result.get("settings") or {}))]
@@ -210,6 +215,9 @@ def markdown(result: dict) -> str:
 
 def write(out: Path, result: dict, settings=None) -> None:
     out = Path(out)
+    if ROW_PERPLEXITY in result["table"]:  # a finished run: its general rows (older runs get the answer check)
+        result = dict(result, general=with_expected(result["general"]))
+        result["table"].update(general_rows(result["general"]))
     data = {"table": result["table"], "times_s": result["times_s"], "general": result["general"],
             "protocol": protocol(result.get("settings")), "column_notes": COLUMN_NOTES, "departures": departures(result.get("settings") or {}),
             "answer_formats": {"question": "chat template, user turn = the question",

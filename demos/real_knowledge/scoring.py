@@ -8,6 +8,8 @@ from pathlib import Path
 from calm_core.data import Example
 from calm_core.evaluation import lm_loss, predictions
 
+from .general import holds_expected
+
 
 # the table's columns and rows
 FT = "anchor + LoRA (composition data)"
@@ -15,6 +17,8 @@ COLUMNS = ["CALM", "anchor alone", "m_A alone (chat question)", "m_A alone (best
            "CALM with untrained m_A"]
 ROW_TEST, ROW_DEV, ROW_SEEN = ("exact match %, held-out entities", "exact match %, dev entities",
                                "exact match %, composition entities")
+ROW_PERPLEXITY, ROW_EXPECTED = ("general prompts: perplexity of written answers",
+                                "general prompts: greedy answers holding an expected word")
 
 
 # The trained answer starts with a space. SmolLM2 writes a word at the start of its turn without one, and then
@@ -73,8 +77,29 @@ def general_check(calm, rows, s) -> dict:
         off = lm_loss(calm, ex)
         answers_off = predictions(calm, ex, max_new_tokens=s.general_new_tokens)
     answers_on = predictions(calm, ex, max_new_tokens=s.general_new_tokens)
-    return {"perplexity_on": on["perplexity"], "perplexity_off": off["perplexity"],
-            "ratio": on["perplexity"] / off["perplexity"],
-            "identical_answers": sum(a == b for a, b in zip(answers_on, answers_off)), "prompts": len(rows),
-            "answers": [{"question": r["question"], "bridge_on": a, "bridge_off": b}
-                        for r, a, b in zip(rows, answers_on, answers_off)]}
+    return with_expected({"perplexity_on": on["perplexity"], "perplexity_off": off["perplexity"],
+                          "ratio": on["perplexity"] / off["perplexity"],
+                          "identical_answers": sum(a == b for a, b in zip(answers_on, answers_off)),
+                          "prompts": len(rows), "answers": [{"question": r["question"], "bridge_on": a, "bridge_off": b}
+                                                            for r, a, b in zip(rows, answers_on, answers_off)]})
+
+
+def with_expected(general: dict) -> dict:
+    """general_check's dict with the count of greedy answers that hold an expected word (general.EXPECTED), bridge
+    on and off, and the questions where the two differ; computed from the stored answers, so older runs get it."""
+    answers = general.get("answers") or []
+    on = [holds_expected(a["question"], a["bridge_on"]) for a in answers]
+    off = [holds_expected(a["question"], a["bridge_off"]) for a in answers]
+    return dict(general, expected_on=sum(on), expected_off=sum(off),
+                expected_lost=[a["question"] for a, x, y in zip(answers, on, off) if y and not x],
+                expected_gained=[a["question"] for a, x, y in zip(answers, on, off) if x and not y])
+
+
+def general_rows(general: dict) -> dict:
+    """The table's two rows on the anchor's other abilities (CALM = bridge on, anchor alone = bridge off)."""
+    g = with_expected(general)
+    rows = {ROW_PERPLEXITY: {"CALM": g["perplexity_on"], "anchor alone": g["perplexity_off"]}}
+    if g.get("answers"):
+        rows[ROW_EXPECTED] = {"CALM": f"{g['expected_on']}/{len(g['answers'])}",
+                              "anchor alone": f"{g['expected_off']}/{len(g['answers'])}"}
+    return rows

@@ -28,7 +28,8 @@ SCORING_NOTES = {
 def _fresh_views(session: LabSession, bridge_message: str = "") -> tuple:
     """After the models or bridge changed: the Chat tab's settings and cleared chats, and no stale
     download link, training status or bridge message."""
-    return views.chat_settings(session) + views.train_settings(session) + (None, "", bridge_message)
+    return (views.chat_settings(session) + views.train_settings(session) + (None, "", bridge_message)
+            + (views.attention_reading(session),))
 
 
 @friendly
@@ -228,13 +229,13 @@ def show_gates(session):
 
 
 @friendly
-def show_attention(session, text, layer, head):
+def show_attention(session, text, layer, head, read_as="text"):
     session = require(session)
     calm = session.require()
     layer = bounds.whole("composition layer", layer or 0, 0, len(calm.layer_pairs()) - 1)
     head = None if head in (None, "mean") else bounds.whole("head", head, 0, bounds.heads(calm) - 1,
                                                             f" (this bridge has {bounds.heads(calm)} heads)")
-    record = session.attention(text)
+    record = session.attention(text, as_chat=read_as == views.CHAT_QUESTION)
     return figures.attention_map(record, layer, head, null_slot=calm.config.null_slot)
 
 

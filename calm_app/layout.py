@@ -141,6 +141,9 @@ def bridge_tab(w: SimpleNamespace) -> None:
     w.gate_heat = gr.Plot(empty("Press “Show gates”"), label="Layer × channel")
     with gr.Row():
         w.attn_text = gr.Textbox(label="Text to look at (both models read it)", scale=3)
+        w.attn_mode = gr.Radio(list(views.ATTENTION_READINGS), value=views.ATTENTION_READINGS[0], label="read it as",
+                               info="chat question: wrapped in the anchor's chat template, as the Chat tab's "
+                                    "chat mode sends it (a chat preset's bridge was trained on such prompts)")
         w.attn_layer = gr.Dropdown([0], value=0, label="composition layer")
         w.attn_head = gr.Dropdown(["mean"], value="mean", label="head")
     w.attn_btn = gr.Button("Show cross-attention")
@@ -170,7 +173,7 @@ def wire(demo: gr.Blocks, w: SimpleNamespace) -> None:
     data = [w.preview, w.data_note, w.prompt_col, w.completion_col, w.text_col]
     fresh = [w.max_new, w.mode, w.bot_calm, w.bot_anchor, w.bot_augment, w.message,
              w.steps, w.lr, w.batch, w.gate_lr, w.augment_noise, w.train_note, w.bridge_file, w.train_status,
-             w.bridge_status]
+             w.bridge_status, w.attn_mode]
     everything = model[:7] + data + [w.eval_choice, w.paper_md, w.preset_data, w.metrics] + model[7:] + [w.eval_max_new] + fresh
     demo.load(h.start, [w.preset], everything, api_name="start")
     w.preset_btn.click(h.use_preset, [w.session, w.preset], everything, api_name="use_preset")
@@ -200,7 +203,7 @@ def wire(demo: gr.Blocks, w: SimpleNamespace) -> None:
     w.clear.click(lambda: ([], [], [], ""), None, chat_outputs)
 
     w.gates_btn.click(h.show_gates, w.session, [w.gate_bars, w.gate_heat, w.gate_hist], api_name="gates")
-    w.attn_btn.click(h.show_attention, [w.session, w.attn_text, w.attn_layer, w.attn_head], w.attn_plot,
+    w.attn_btn.click(h.show_attention, [w.session, w.attn_text, w.attn_layer, w.attn_head, w.attn_mode], w.attn_plot,
                      api_name="attention")
     w.eval_btn.click(lambda: (None, None, ""), None, [w.eval_table, w.eval_plot, w.eval_sigs]).then(h.run_eval, [w.session, w.eval_choice, w.eval_upload, w.metrics, w.eval_max_new, w.eval_limit],
                      [w.eval_table, w.eval_plot, w.eval_sigs], api_name="evaluate", concurrency_limit=None)

@@ -142,6 +142,18 @@ def chat_settings(session: LabSession):
     return gr.update(value=tokens), gr.update(value=mode), [], [], [], ""
 
 
+# ---- Inside the bridge tab -----------------------------------------------------------------------
+
+ATTENTION_READINGS = ("text", "chat question")
+CHAT_QUESTION = ATTENTION_READINGS[1]
+
+
+def attention_reading(session: LabSession):
+    """The attention map reads the text as the preset's prompts were written: a chat preset's as a chat question."""
+    preset = session.preset
+    return gr.update(value=CHAT_QUESTION if preset and preset.prompt_mode == "chat" else ATTENTION_READINGS[0])
+
+
 TRAIN_FIELDS = {"steps": 200, "lr": 1e-3, "batch_size": 16, "gate_lr_scale": 1.0, "augment_noise": 0.0}  # the layout's
 
 

@@ -112,14 +112,18 @@ class ComposedLM:
 
     # ---- reading text -------------------------------------------------------------------------
 
-    def encode(self, texts: list[str] | str, add_special_tokens: bool = True, max_length: int | None = None) -> ComposedBatch:
+    def encode(self, texts: list[str] | str, add_special_tokens: bool = True, max_length: int | None = None,
+               augment_special_tokens: bool | None = None) -> ComposedBatch:
+        """Both models' tokens for texts; augment_special_tokens (default: as the anchor's) lets a chat-templated
+        prompt skip the anchor's special tokens while the augmenting models keep theirs, as generation does."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         if not texts:
             raise CALMError("No texts given.")
         anchor = alignment.encode(self.anchor.tokenizer, texts, "anchor", add_special_tokens, max_length)
+        augment_special = add_special_tokens if augment_special_tokens is None else augment_special_tokens
         augments = [
             alignment.positional(anchor) if shared
-            else alignment.encode(m.tokenizer, texts, "augment", add_special_tokens, max_length)
+            else alignment.encode(m.tokenizer, texts, "augment", augment_special, max_length)
             for m, shared in zip(self.augments, self.shared)
         ]
         return ComposedBatch(texts, anchor, augments)

@@ -265,14 +265,19 @@ class LabSession:
             self.last_tokens_per_s = pieces / max(time.perf_counter() - started, 1e-9)
         yield tuple(texts)
 
-    def attention(self, text: str):
+    def attention(self, text: str, as_chat: bool = False):
+        """The cross-attention record of one forward pass over text; as_chat reads it as a user's chat question,
+        in the anchor's chat template, the way the Chat tab's chat mode (and a chat preset's training) sends it."""
         calm = self.require()
         if not text or not text.strip():
             raise CALMError("Give a text to look at.")
+        from .generation import render_prompt
+
+        text, anchor_special = render_prompt(calm.anchor.tokenizer, [{"role": "user", "content": text}] if as_chat else text)
         n = bounds.check_attention_text(calm, text)
         with LEDGER.reserve(attention_map_bytes(calm, n, n), "This attention map", "Shorten the text.",
                             device_of_calm(calm)), torch.no_grad(), calm.record_attention() as record:
-            calm.logits([text])
+            calm.forward(calm.encode([text], add_special_tokens=anchor_special, augment_special_tokens=True))
         return record
 
     # ---- evaluation ---------------------------------------------------------------------------

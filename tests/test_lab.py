@@ -52,6 +52,19 @@ def test_stop_keeps_the_bridge_and_errors_are_messages(lab):
     assert not session.training and session.run.step < 10_000 and "Stopped" in session.run.message
 
 
+def test_the_attention_map_reads_a_chat_question_as_the_chat_sends_it(lab):
+    from calm_core.generation import render_prompt
+
+    session = lab(ModelCache())
+    session.use_preset("tiny")
+    tokenizer = session.calm.anchor.tokenizer
+    plain, chat = session.attention("abcd="), session.attention("abcd=", as_chat=True)
+    text, special = render_prompt(tokenizer, [{"role": "user", "content": "abcd="}])
+    sent = tokenizer(text, add_special_tokens=special)["input_ids"]  # what the Chat tab's chat mode feeds the anchor
+    assert len(chat.anchor_tokens) == len(sent) == chat.maps[0].shape[2] > len(plain.anchor_tokens)
+    assert len(plain.anchor_tokens) == len(tokenizer("abcd=")["input_ids"]) == plain.maps[0].shape[2]
+
+
 def test_replies_stream_three_columns(lab):
     session = lab(ModelCache())
     session.use_preset("tiny")

@@ -106,7 +106,7 @@ def ship(run: Path, preset: Path, check: int = 100) -> dict:
     from calm_core.lab import LabSession, ModelCache
     from calm_core.presets import load_preset
 
-    from .pipeline import Settings
+    from .settings import Settings
     from .scoring import exact
 
     if preset.parent.resolve() != _presets_dir():

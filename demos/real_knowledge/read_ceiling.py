@@ -74,7 +74,8 @@ def ceilings(adapter: Path, rows: list[dict], compose_answers: list[str], shares
 
 
 def main(argv=None) -> None:
-    from .pipeline import Settings, make_data, make_world
+    from .pipeline import make_data, make_world
+    from .settings import Settings
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("adapter")

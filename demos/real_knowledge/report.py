@@ -86,14 +86,14 @@ def m_a_recipe(settings: dict) -> str:
 
 def current_m_a_recipe() -> str:
     """m_a_recipe of today's defaults."""
-    from .pipeline import Settings
+    from .settings import Settings
 
     return m_a_recipe(asdict(Settings()))
 
 
 def setting_changes(settings: dict) -> list[str]:
     """How a shipped run's settings differ from today's defaults (those a seed-0 number is measured with)."""
-    from .pipeline import Settings
+    from .settings import Settings
 
     now, changes = Settings(), []
     then_recipe, now_recipe = m_a_recipe(settings), current_m_a_recipe()

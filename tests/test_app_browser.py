@@ -120,6 +120,10 @@ def test_main_path(page):
     for label in ("Gate opening", "Over training", "Layer × channel"):
         expect(plot(page, label)).to_be_visible()
     page.get_by_label("Text to look at (both models read it)").fill("abcd=dcba")
+    expect(page.get_by_role("radio", name="text", exact=True)).to_be_checked()  # the tiny preset writes completions
+    page.get_by_role("button", name="Show cross-attention").click()
+    expect(plot(page, "Cross-attention")).to_be_visible()
+    page.get_by_role("radio", name="chat question").check()  # the same text in the chat wrapping: a longer map
     page.get_by_role("button", name="Show cross-attention").click()
     expect(plot(page, "Cross-attention")).to_be_visible()
     shot(page, "app-4-bridge")

@@ -242,6 +242,15 @@ def test_relabel_sets_the_fresh_worlds_beside_the_development_world(tmp_path):
     assert "bridge 600 steps, now 360" in changes[5]  # world 5 ran before the step count was cut
     today = report.protocol({"seed": 6, "augment_anneal_epochs": 4, "compose_steps": 360})
     assert "360 steps on world seed 4" in today and "360 steps" not in annealed
+    recency = report.protocol({"seed": 7, "augment_anneal_epochs": 4, "compose_steps": 360, "recency_init": 4.0})
+    assert "recency_init) on world seed 6" in recency and "recency_init" not in today
+    # a second look at a world says so, and relabel keeps it: no "test set used once" for a development run
+    second = dict(after, development="This is world seed 6 again: a development run, not a test number.")
+    (tmp_path / "table.json").write_text(json.dumps(second))
+    report.relabel(tmp_path)
+    kept = json.loads((tmp_path / "table.json").read_text())
+    assert kept["development"] == second["development"] and kept["protocol"].endswith(second["development"])
+    assert "used once" not in kept["protocol"] and second["development"] in (tmp_path / "table.md").read_text()
 
 
 @pytest.mark.parametrize("question, phrase_end", [

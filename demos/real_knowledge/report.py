@@ -69,6 +69,7 @@ MA_CHOSEN = "m_A's focused start on world seed 1 and its anneal on world seed 4,
 # worlds 0-5 ran 600 bridge steps; the 360 of today were read off world 4's checks, after world 5 had run (README)
 EARLIER_STEPS = 600
 STEPS_CHOSEN = "the bridge's 360 steps on world seed 4's checks, after world seed 5's run"
+RECENCY_CHOSEN = "the recency biases' start at the fact (recency_init) on world seed 6, after that world's own run once"
 
 
 # runs before the eighth session have no value_answer_share: their map gave the answer tokens weight 100 (share 0.18)
@@ -127,6 +128,8 @@ def fresh_sentence(settings: dict | None) -> str:
                  else "on world seed 0")
         if settings.get("compose_steps", EARLIER_STEPS) != EARLIER_STEPS:
             where += f", {STEPS_CHOSEN}"
+        if settings.get("recency_init", 0) > 0:
+            where += f", {RECENCY_CHOSEN}"
         return f"{FRESH_WORLD_MARK}{seed}, run once with the settings frozen ({where}): a test set used once."
     runs = [r for r in fresh_worlds() if r[0]]
     if not runs:
@@ -139,8 +142,10 @@ def fresh_sentence(settings: dict | None) -> str:
             + ", ".join(parts) + " on held-out people." + tail + mine)
 
 
-def protocol(settings: dict | None) -> str:
-    return PROTOCOL + fresh_sentence(settings)
+def protocol(settings: dict | None, development: str | None = None) -> str:
+    """PROTOCOL and which run this is: `development` (a run's own table.json key, kept by relabel) says what a
+    second look at a world tried, in place of the fresh-world sentence its seed would get."""
+    return PROTOCOL + (f" {development}" if development else fresh_sentence(settings))
 
 
 def own_description(text: str) -> str:
@@ -209,7 +214,7 @@ def markdown(result: dict) -> str:
               + f"; answers cut at {(result.get('settings') or {}).get('general_new_tokens', 24)} tokens.", "",
               "Times (s, wall, 2 CPU cores): " + ", ".join(f"{k} {v:.0f}" for k, v in t.items()),
               "", "Columns: " + "; ".join(f"**{k}**: {v}" for k, v in COLUMN_NOTES.items() if k in cols), "",
-              "Protocol: " + protocol(result.get("settings")), "", "Departures from the paper: " + " ".join(departures(result.get("settings") or {}))]
+              "Protocol: " + protocol(result.get("settings"), result.get("development")), "", "Departures from the paper: " + " ".join(departures(result.get("settings") or {}))]
     return "\n".join(lines) + "\n"
 
 
@@ -219,12 +224,15 @@ def write(out: Path, result: dict, settings=None) -> None:
         result = dict(result, general=with_expected(result["general"]))
         result["table"].update(general_rows(result["general"]))
     data = {"table": result["table"], "times_s": result["times_s"], "general": result["general"],
-            "protocol": protocol(result.get("settings")), "column_notes": COLUMN_NOTES, "departures": departures(result.get("settings") or {}),
+            "protocol": protocol(result.get("settings"), result.get("development")),
+            "column_notes": COLUMN_NOTES, "departures": departures(result.get("settings") or {}),
             "answer_formats": {"question": "chat template, user turn = the question",
                                "answer": "a space, the town, then <|im_end|>"},
             "counts": result.get("counts"), "settings": result.get("settings"),
             "augment": result.get("augment"), "bridge": result.get("bridge"), "controls": result.get("controls"),
             "by_form": result.get("by_form")}
+    if result.get("development"):
+        data["development"] = result["development"]
     (out / "table.json").write_text(json.dumps(data, indent=1))
     (out / "table.md").write_text(markdown(result))
 

@@ -1,6 +1,6 @@
 """Translation where m_A's knowledge counts: test sentences hold words the parallel set never contains.
 
-    python -m demos.unseen_words                      # the whole pipeline -> runs/unseen_words (~15 min, 2 cores)
+    python -m demos.unseen_words                      # the whole pipeline -> runs/unseen_words (~10 min, 2 cores)
     python -m demos.unseen_words --smoke --out /tmp/uw   # every stage at a tiny scale, < 1 minute
     python -m demos.unseen_words --seed 1               # a fresh language, lexicon and split
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import count as counter, islice
+from itertools import count as counter
+from itertools import islice
 
 import torch
 
 from calm_core import CALMConfig, ComposedLM
-from calm_core.tiny import bpe_tokenizer, char_tokenizer, tiny_model
+from calm_core.models.tiny import bpe_tokenizer, char_tokenizer, tiny_model
 
 CORPUS = [f"the {w} number {i} jumps over {j} lazy dogs and {w}s" for i, j, w in
           zip(range(400), range(400, 0, -1), ["cat", "fox", "bird", "tree"] * 100)]

@@ -1,6 +1,6 @@
 """Speed at real scale: Gemma 3 270M anchor + SmolLM2-135M-Instruct augment, every=5 (6 composition layers).
 
-    python -m calm_core.real_pair                  # once: prepare the pair (see requirements-real.txt)
+    python -m calm_core.models.real_pair                  # once: prepare the pair (see requirements-real.txt)
     python -m benchmarks.real_pair [--quick] [--threads 2] [--out PATH]
 
 Measured, each against the frozen models alone in the same process (ratios are what to read):
@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 
 from calm_core import CALMConfig, ComposedLM, load_causal_lm
-from calm_core.batches import token_losses
-from calm_core.data import Example
-from calm_core.real_pair import PREPARE_COMMAND, prepared_pair
-from calm_core.training import TrainConfig, Trainer
+from calm_core.models.real_pair import PREPARE_COMMAND, prepared_pair
+from calm_core.training.batches import token_losses
+from calm_core.training.data import Example
+from calm_core.training.trainer import TrainConfig, Trainer
 
 from . import models
 from .gen_speed import hf_generate, no_eos

@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if sys.path[0] == str(ROOT / "benchmarks"):  # run as a script: import the package, not its files as top-level modules
     sys.path[0] = str(ROOT)
 
-import torch
-import transformers
+import torch  # noqa: E402  (after the path fix above)
+import transformers  # noqa: E402
 
-from benchmarks import gen_speed, measure, models, peer_calm_pytorch, profiling, report, scaling, train_speed
+from benchmarks import gen_speed, measure, models, peer_calm_pytorch, profiling, report, scaling, train_speed  # noqa: E402
 
 
 @dataclasses.dataclass

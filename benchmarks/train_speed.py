@@ -1,7 +1,7 @@
 """Training speed and memory of one system's step on batch x length tokens.
 
 Systems:
-  ours          Trainer (calm_core.training) without the augmenting-state cache: each step runs the
+  ours          Trainer (calm_core.training.trainer) without the augmenting-state cache: each step runs the
                 augment (no grad, stopping at its deepest composition layer), the anchor with the
                 bridge, backward into the bridge, clipping and AdamW on the bridge.
   ours_cached   the same Trainer with the cache: the augment's states are computed once per example
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from calm_core.batches import token_losses
-from calm_core.data import Example
-from calm_core.training import TrainConfig, Trainer
+from calm_core.training.batches import token_losses
+from calm_core.training.data import Example
+from calm_core.training.trainer import TrainConfig, Trainer
 
 from . import models, peer_calm_pytorch
 from .measure import StepProbe

@@ -8,11 +8,11 @@ from dataclasses import replace
 import gradio as gr
 
 from calm_core import CALMConfig, CALMError, bounds, figures
-from calm_core.data import preview
-from calm_core.lab import LabSession
-from calm_core.model_cache import default_dtype
-from calm_core.models import describe
-from calm_core.resources import LEDGER, data_bytes
+from calm_core.lab.model_cache import default_dtype
+from calm_core.lab.resources import LEDGER, data_bytes
+from calm_core.lab.session import LabSession
+from calm_core.models.loading import describe
+from calm_core.training.data import preview
 
 from . import views
 from .views import friendly, require
@@ -108,7 +108,7 @@ def reset_bridge(session):
 def load_real_pair(session, progress=gr.Progress()):
     """Gemma 3 270M (anchor) + SmolLM2-135M-Instruct (augmenting), each loaded (after its memory
     check) with progress, then composed through a new, closed bridge."""
-    from calm_core.real_pair import PREPARE_COMMAND, prepared_pair
+    from calm_core.models.real_pair import PREPARE_COMMAND, prepared_pair
 
     session = session or LabSession()
     folders = prepared_pair()

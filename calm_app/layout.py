@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from calm_core.config import GATE_TYPES, INSERT_POINTS
-from calm_core.evaluation import METRICS
-from calm_core.figures import empty
-from calm_core.presets import list_presets
+from calm_core.engine.config import GATE_TYPES, INSERT_POINTS
+from calm_core.lab.figures import empty
+from calm_core.lab.presets import list_presets
+from calm_core.training.evaluation import METRICS
 
 from . import handlers as h
 from . import views
@@ -26,7 +26,7 @@ the result through a **gate** that starts closed, so the composition starts out 
 
 
 # Numbers carry no minimum / maximum of their own: the handlers check each against a range that follows
-# from the models (calm_core.bounds) and say what it is, without a traceback in the server log.
+# from the models (calm_core.lab.bounds) and say what it is, without a traceback in the server log.
 
 
 def models_tab(w: SimpleNamespace, presets: list[str], default: str | None) -> None:

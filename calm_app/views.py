@@ -9,9 +9,9 @@ import traceback
 import gradio as gr
 
 from calm_core import CALMError, figures
-from calm_core.bounds import heads
-from calm_core.evaluation import METRICS
-from calm_core.lab import LabSession, layer_labels, model_rows, short_name
+from calm_core.lab.bounds import heads
+from calm_core.lab.session import LabSession, layer_labels, model_rows, short_name
+from calm_core.training.evaluation import METRICS
 
 ROLES_NOTE = ("**Who is who.** The *anchor* is the model that answers; the *augmenting* model only lends it its hidden "
               "states. In the paper's tables m_A is the augmenting model and m_B the anchor (the paper names them by "
@@ -94,7 +94,7 @@ def model_outputs(session: LabSession):
 
 
 def real_pair_note() -> str:
-    from calm_core.real_pair import PREPARE_COMMAND, prepared_pair
+    from calm_core.models.real_pair import PREPARE_COMMAND, prepared_pair
 
     if prepared_pair() is not None:
         return "*The real pair is prepared on this server: about 1.6 GB in float32 (half in bf16 on a GPU).*"
@@ -105,7 +105,7 @@ def real_pair_note() -> str:
 
 def data_outputs(session: LabSession):
     """preview, note, three column menus; for the session's data (none: cleared)."""
-    from calm_core.data import preview
+    from calm_core.training.data import preview
 
     splits = session.splits
     if splits is None:

@@ -1,14 +1,22 @@
-"""calm_core: compose frozen causal LMs with a trained gated cross-attention bridge (CALM, ICLR 2024)."""
-from .alignment import Encoding
-from .bridge import Bridge, GatedCrossAttention
-from .compose import AttentionRecord, ComposedBatch, ComposedLM
-from .config import CALMConfig
+"""calm_core: compose frozen causal LMs with a trained gated cross-attention bridge (CALM, ICLR 2024).
+
+Layers, lowest first (import-linter keeps them, see .importlinter): errors -> models -> engine -> training -> lab
+-> cli. docs/architecture.md draws them."""
+from . import _old_paths
+from .engine.alignment import Encoding
+from .engine.bridge import Bridge, GatedCrossAttention
+from .engine.compose import AttentionRecord, ComposedBatch, ComposedLM
+from .engine.config import CALMConfig
+from .engine.generation import GenerationResult, Sampling
 from .errors import CALMError, IncompatibleBridgeError, ModelLoadError
-from .generation import GenerationResult, Sampling
-from .models import ModelInfo, decoder_layers, describe, load_causal_lm
+from .models.loading import ModelInfo, decoder_layers, describe, load_causal_lm
+from .training.config import TrainConfig, TrainResult
+from .training.trainer import Trainer
+
+_old_paths.install()
 
 __all__ = [
     "AttentionRecord", "Bridge", "CALMConfig", "CALMError", "ComposedBatch", "ComposedLM", "Encoding",
     "GatedCrossAttention", "GenerationResult", "IncompatibleBridgeError", "ModelInfo", "ModelLoadError",
-    "Sampling", "decoder_layers", "describe", "load_causal_lm",
+    "Sampling", "TrainConfig", "TrainResult", "Trainer", "decoder_layers", "describe", "load_causal_lm",
 ]

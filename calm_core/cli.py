@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from .config import GATE_TYPES, INSERT_POINTS, CALMConfig
+from .engine.config import GATE_TYPES, INSERT_POINTS, CALMConfig
 from .errors import CALMError
 
 
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", help="output folder for this run")
     train.add_argument("--config", help="YAML file with any of these options (command-line options win)")
     train.add_argument("--resume", help="checkpoint folder to continue from")
-    from .train_config import TrainConfig
+    from .training.config import TrainConfig
 
     defaults = TrainConfig()
     for name in ("steps", "batch_size", "grad_accum", "warmup_steps", "log_every", "eval_every", "checkpoint_every", "seed"):
@@ -145,8 +145,8 @@ def _dtype(name):
 
 def load_composition(args):
     """The composed model a command works on: a saved bridge, or fresh models and a new bridge."""
-    from .compose import ComposedLM
-    from .models import load_causal_lm
+    from .engine.compose import ComposedLM
+    from .models.loading import load_causal_lm
 
     options = dict(dtype=_dtype(args.dtype), trust_remote_code=args.trust_remote_code)
     if args.bridge:
@@ -159,16 +159,16 @@ def load_composition(args):
 
 
 def _data_config(args):
-    from .data import DataConfig
+    from .training.data import DataConfig
 
     return DataConfig(column_map=args.column_map, validation_fraction=getattr(args, "validation_fraction", 0.1),
                       seed=getattr(args, "seed", 0) or 0)
 
 
 def cmd_train(args) -> int:
-    from .data import load_splits
-    from .persistence import save_bridge
-    from .training import TrainConfig, Trainer
+    from .engine.persistence import save_bridge
+    from .training.data import load_splits
+    from .training.trainer import TrainConfig, Trainer
 
     for needed in ("data", "out"):
         if not getattr(args, needed):
@@ -220,8 +220,8 @@ def _resume_composition(args):
 
 
 def cmd_eval(args) -> int:
-    from .data import load_examples
-    from .evaluation import evaluate
+    from .training.data import load_examples
+    from .training.evaluation import evaluate
 
     calm = load_composition(args)
     examples, _, _ = load_examples(args.data, _data_config(args))

@@ -5,7 +5,7 @@ Run: python -m demos.compose_tiny
 import torch
 
 from calm_core import CALMConfig, ComposedLM
-from calm_core.tiny import bpe_tokenizer, char_tokenizer, tiny_model
+from calm_core.models.tiny import bpe_tokenizer, char_tokenizer, tiny_model
 
 
 def main():

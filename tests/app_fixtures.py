@@ -4,7 +4,7 @@ import random
 from pathlib import Path
 
 from calm_core import CALMConfig, ComposedLM
-from calm_core.tiny import char_tokenizer, tiny_model
+from calm_core.models.tiny import char_tokenizer, tiny_model
 
 
 def write_large_csv(path: Path, rows: int, letters: int = 4) -> Path:

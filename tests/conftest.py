@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from calm_core import CALMConfig, ComposedLM
-from calm_core.tiny import bpe_tokenizer, char_tokenizer, tiny_model
+from calm_core.models.tiny import bpe_tokenizer, char_tokenizer, tiny_model
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",

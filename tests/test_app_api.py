@@ -263,7 +263,7 @@ def test_unknown_model(client, tmp_path):
 
 
 def test_compose_with_the_bridge_options(client, tmp_path):
-    from calm_core.tiny import char_tokenizer, tiny_model
+    from calm_core.models.tiny import char_tokenizer, tiny_model
 
     tok = char_tokenizer()
     for name, arch, seed in (("anchor", "gpt2", 1), ("augment", "llama", 2)):
@@ -297,7 +297,7 @@ def test_upload_over_the_size_limit(client, tmp_path):
 def other_bridge(tmp_path_factory) -> Path:
     """A bridge saved for a different (wider, deeper) pair of models, as a zip."""
     from calm_core import CALMConfig, ComposedLM
-    from calm_core.tiny import char_tokenizer, tiny_model
+    from calm_core.models.tiny import char_tokenizer, tiny_model
 
     folder = tmp_path_factory.mktemp("other-bridge")
     tok = char_tokenizer()

@@ -91,7 +91,7 @@ def test_start_over_with_a_closed_bridge(client):
 
 
 def test_the_real_pair_when_it_is_not_prepared_names_the_command(client):
-    from calm_core.real_pair import PREPARE_COMMAND
+    from calm_core.models.real_pair import PREPARE_COMMAND
 
     with pytest.raises(AppError, match="The real pair is not prepared on this server") as error:
         client.predict(api_name="/real_pair")

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from calm_core.lab import LabSession
-from calm_core.presets import list_presets
+from calm_core.lab.presets import list_presets
+from calm_core.lab.session import LabSession
 
 FULL = os.environ.get("CALM_FULL_PRESET_CHECK") == "1"
 EXAMPLES = 0 if FULL else 8

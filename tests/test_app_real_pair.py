@@ -1,5 +1,5 @@
 """The real pair in the browser: the Models tab composes Gemma 3 270M + SmolLM2-135M-Instruct and Chat answers
-with the composition. Skipped when the pair is not prepared (python -m calm_core.real_pair) or there is no
+with the composition. Skipped when the pair is not prepared (python -m calm_core.models.real_pair) or there is no
 Chromium; .ci/run prepares the pair."""
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import re
 
 import pytest
 
-from calm_core.real_pair import cache_dir, prepared_pair
+from calm_core.models.real_pair import cache_dir, prepared_pair
 
 from .app_server import serve
 from .test_app_browser import TIMEOUT_MS, block, browser, expect, shot, table  # noqa: F401 (browser: a fixture)
 
 if prepared_pair() is None:
-    pytest.skip("the real pair is not prepared: python -m calm_core.real_pair", allow_module_level=True)
+    pytest.skip("the real pair is not prepared: python -m calm_core.models.real_pair", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")

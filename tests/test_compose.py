@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from calm_core import CALMConfig, CALMError, ComposedLM
-from calm_core.alignment import tokenize
-from calm_core.tiny import ARCHITECTURES
+from calm_core.engine.alignment import tokenize
+from calm_core.models.tiny import ARCHITECTURES
 
 from .conftest import make_pair, randomize_bridge
 
@@ -333,7 +333,7 @@ def test_inspection_settings_belong_to_the_calling_thread_and_streams_keep_their
 def test_a_window_hides_all_but_the_newest_visible_states(window, null_slot):
     """With window W each anchor row reads only its W newest visible augmenting states: changing any older
     state (or one it may not see at all) leaves the row unchanged, changing a newest one changes it."""
-    from calm_core.bridge import GatedCrossAttention
+    from calm_core.engine.bridge import GatedCrossAttention
 
     torch.manual_seed(0)
     block = GatedCrossAttention(8, 16, 4, gate="none", window=window, null_slot=null_slot)

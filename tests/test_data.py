@@ -1,4 +1,4 @@
-"""calm_core.data: every format and shape, the split, and a DataError naming file/row/column for bad input."""
+"""calm_core.training.data: every format and shape, the split, and a DataError naming file/row/column for bad input."""
 import json
 import os
 
@@ -6,9 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from calm_core.data import (DataConfig, DataError, DataSplits, Example, load_examples, load_splits,
-                            preview)
 from calm_core.errors import CALMError
+from calm_core.training.data import DataConfig, DataError, DataSplits, Example, load_examples, load_splits, preview
 
 PC = [{"prompt": "12+30=", "completion": "42"}, {"prompt": "", "completion": "08"},
       {"prompt": "naïve, \"café\"\nline two", "completion": " None"}]
@@ -219,8 +218,8 @@ def test_directory_is_not_a_file(tmp_path):
 
 
 def test_a_large_file_is_previewed_from_its_first_rows(tmp_path, monkeypatch):
-    import calm_core.data as data
-    import calm_core.data_arrow as data_arrow
+    import calm_core.training.data as data
+    import calm_core.training.data_arrow as data_arrow
 
     path = write(tmp_path / "big.csv", "prompt,completion\n" + "".join(f'"a,{i}=",{i}\n' for i in range(2000)))
     whole = data.preview(path, n=8, check_roles=False)

@@ -67,7 +67,7 @@ def test_splits_keep_heldout_keys_out_of_composition_data(tmp_path, operands, re
     # written as JSON Lines with prompt and completion columns
     rows = [json.loads(line) for line in (tmp_path / "data" / "composition_train.jsonl").read_text().splitlines()]
     assert rows and all(set(r) == {"prompt", "completion"} for r in rows)
-    from calm_core.data import load_examples
+    from calm_core.training.data import load_examples
 
     examples = load_examples(tmp_path / "data" / "eval_kv_math_heldout.jsonl")[0]
     assert len(examples) == len(files["eval_kv_math_heldout"])
@@ -104,8 +104,14 @@ def test_merged_operands_are_words_carrying_their_value_embedding():
 
     import torch
 
-    from demos.kv_arithmetic.base import (MERGED, build_model, encode_segments, input_embeddings, make_tokenizer,
-                                          number_token_mask)
+    from demos.kv_arithmetic.base import (
+        MERGED,
+        build_model,
+        encode_segments,
+        input_embeddings,
+        make_tokenizer,
+        number_token_mask,
+    )
     from demos.kv_arithmetic.recipes import anchor_sampler
 
     kv = D.make_kv(100, seed=0)
@@ -160,7 +166,7 @@ def test_digit_embeddings_are_linear_in_the_digits_and_saved_plain(tmp_path):
     model = build_model(tok, layers=1, width=16, seed=0)
     v = tok.get_vocab()
     for table in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
-        row = lambda n: table[v[str(n)]]
+        row = lambda n, table=table: table[v[str(n)]]
         torch.testing.assert_close(row(117) - row(17), row(100) - row(0))  # hundreds add independently
         torch.testing.assert_close(row(95) - row(5), row(190) - row(100))  # so do tens
     save_model(model, tok, tmp_path)
@@ -306,7 +312,7 @@ def test_shipped_preset_carries_values_of_held_out_keys():
     """The shipped bridge (loaded the way the app loads it) answers expressions over keys it never trained on,
     which the anchor alone cannot."""
     from calm_core import ComposedLM
-    from calm_core.presets import list_presets, load_preset
+    from calm_core.lab.presets import list_presets, load_preset
     from demos.kv_arithmetic.pipeline import ROW_SCORES, accuracy
 
     if "kv_arithmetic" not in list_presets():

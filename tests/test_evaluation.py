@@ -2,8 +2,8 @@ import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
 from calm_core import CALMConfig, CALMError, ComposedLM
-from calm_core.data import Example
-from calm_core.evaluation import evaluate, exact_match_score, text_scores
+from calm_core.training.data import Example
+from calm_core.training.evaluation import evaluate, exact_match_score, text_scores
 
 from .conftest import make_pair
 

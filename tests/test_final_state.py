@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from calm_core import CALMConfig, CALMError, ComposedLM
-from calm_core.models import final_norm
-from calm_core.tiny import ARCHITECTURES, char_tokenizer, tiny_model
+from calm_core.models.loading import final_norm
+from calm_core.models.tiny import ARCHITECTURES, char_tokenizer, tiny_model
 
 from .conftest import randomize_bridge
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from calm_core import CALMConfig, CALMError, ComposedLM
-from calm_core.generation import IncrementalText
+from calm_core.engine.generation import IncrementalText
 
 from .conftest import make_pair, randomize_bridge
 
@@ -120,7 +120,7 @@ def test_chat_messages_use_the_template(tokenizers):
     tok = calm.anchor.tokenizer
     tok.chat_template = "{% for m in messages %}{{ m['role'] }}> {{ m['content'] }}\n{% endfor %}assistant>"
     try:
-        from calm_core.generation import render_prompt
+        from calm_core.engine.generation import render_prompt
 
         assert render_prompt(tok, messages) == ("user> hi\nassistant>", False)
         assert isinstance(calm.generate(messages, max_new_tokens=4), str)

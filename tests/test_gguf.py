@@ -4,8 +4,7 @@ import importlib.util
 import pytest
 import torch
 
-from calm_core import CALMConfig, ComposedLM, ModelLoadError, load_causal_lm
-from calm_core import gguf_files
+from calm_core import CALMConfig, ComposedLM, ModelLoadError, gguf_files, load_causal_lm
 
 from .conftest import CORPUS
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from calm_core import CALMError
-from calm_core.lab import LabSession, ModelCache
-from calm_core.training import TrainConfig
+from calm_core.lab.session import LabSession, ModelCache
+from calm_core.training.trainer import TrainConfig
 
 from .app_fixtures import write_large_csv, write_tiny_preset
 
@@ -20,7 +20,7 @@ def preset_root(tmp_path_factory):
 
 @pytest.fixture
 def lab(preset_root, monkeypatch):
-    monkeypatch.setattr("calm_core.presets.PRESETS_DIR", preset_root)
+    monkeypatch.setattr("calm_core.lab.presets.PRESETS_DIR", preset_root)
     return LabSession
 
 
@@ -53,7 +53,7 @@ def test_stop_keeps_the_bridge_and_errors_are_messages(lab):
 
 
 def test_the_attention_map_reads_a_chat_question_as_the_chat_sends_it(lab):
-    from calm_core.generation import render_prompt
+    from calm_core.engine.generation import render_prompt
 
     session = lab(ModelCache())
     session.use_preset("tiny")
@@ -116,7 +116,7 @@ def test_unknown_model_and_preset(lab, tmp_path):
 def test_a_batch_that_would_not_fit_is_refused_before_work_starts(lab, monkeypatch):
     session = lab(ModelCache())
     session.use_preset("tiny")
-    monkeypatch.setattr("calm_core.resources.available_bytes", lambda device=None: 200 * 2**20)
+    monkeypatch.setattr("calm_core.lab.resources.available_bytes", lambda device=None: 200 * 2**20)
     with pytest.raises(CALMError, match=r"batch size 100,000 would need about .* at most batch size [\d,]+ fits"):
         session.start_training(TrainConfig(steps=2, batch_size=100_000, progress=False))
     assert not session.training
@@ -153,7 +153,7 @@ def test_lr_1e6_leaves_a_good_bridge_and_the_next_run_trains(lab):
 
 
 def test_a_large_csv_stays_arrow_columns_and_trains_without_preparing_every_row(lab, tmp_path):
-    from calm_core.data import ArrowExamples
+    from calm_core.training.data import ArrowExamples
 
     path = write_large_csv(tmp_path / "large.csv", 60_000)
     session = lab(ModelCache())
@@ -200,7 +200,7 @@ def test_nonsense_is_refused_with_the_allowed_range(lab, call, message):
 
 def test_a_bridge_for_other_models_of_the_same_shape_loads_with_a_warning(lab, tmp_path):
     from calm_core import CALMConfig, ComposedLM
-    from calm_core.tiny import char_tokenizer, tiny_model
+    from calm_core.models.tiny import char_tokenizer, tiny_model
 
     tok = char_tokenizer()
     anchor = tiny_model("gpt2", len(tok) + 40, layers=2, width=32, seed=7)  # another vocabulary, same shape
@@ -223,7 +223,7 @@ def test_composing_the_presets_own_folders_keeps_its_data_and_prompts(lab, prese
 
 
 def test_models_go_to_the_gpu_in_bf16_when_there_is_one(monkeypatch):
-    import calm_core.model_cache as mc
+    import calm_core.lab.model_cache as mc
 
     seen = []
     monkeypatch.setattr(mc, "load_causal_lm", lambda name, dtype=None, trust_remote_code=False, device=None:
@@ -241,7 +241,7 @@ def test_models_go_to_the_gpu_in_bf16_when_there_is_one(monkeypatch):
 def test_the_server_takes_a_bounded_number_of_training_runs_at_once(lab, monkeypatch):
     import threading
 
-    monkeypatch.setattr("calm_core.lab.RUNS", threading.BoundedSemaphore(1))
+    monkeypatch.setattr("calm_core.lab.session.RUNS", threading.BoundedSemaphore(1))
     a, b = lab(ModelCache()), lab(ModelCache())
     a.use_preset("tiny")
     b.use_preset("tiny")

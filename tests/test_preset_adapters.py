@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from calm_core import CALMConfig, CALMError, ComposedLM
-from calm_core.lab import LabSession, ModelCache
-from calm_core.presets import list_presets, load_preset
-from calm_core.real_pair import MARKER, MODELS, model_dir
-from calm_core.tiny import char_tokenizer, tiny_model
+from calm_core.lab.presets import list_presets, load_preset
+from calm_core.lab.session import LabSession, ModelCache
+from calm_core.models.real_pair import MARKER, MODELS, model_dir
+from calm_core.models.tiny import char_tokenizer, tiny_model
 
 peft = pytest.importorskip("peft")
 
@@ -50,7 +50,7 @@ def _write_preset(root, fake_pair, name="world"):
     gemma = tiny_model("llama", len(tok), layers=2, width=32, seed=2)
     _adapter(gemma, folder / "adapter")
     from calm_core import load_causal_lm
-    from calm_core.adapters import merge_adapter
+    from calm_core.models.adapters import merge_adapter
 
     anchor = load_causal_lm(str(model_dir("smollm2", fake_pair)))
     m_a = (merge_adapter(load_causal_lm(str(model_dir("gemma", fake_pair)))[0], folder / "adapter"), tok)
@@ -64,7 +64,7 @@ def _write_preset(root, fake_pair, name="world"):
 
 
 def test_merged_adapter_equals_the_peft_model_and_is_frozen(tmp_path):
-    from calm_core.adapters import merge_adapter
+    from calm_core.models.adapters import merge_adapter
 
     tok = char_tokenizer()
     wrapped = _adapter(tiny_model("llama", len(tok), layers=2, width=32, seed=2), tmp_path / "a")
@@ -82,7 +82,7 @@ def test_merged_adapter_equals_the_peft_model_and_is_frozen(tmp_path):
 
 @pytest.mark.parametrize("files", [[], ["adapter_config.json"], ["adapter_config.json", "adapter_model.bin"]])
 def test_an_adapter_folder_needs_its_config_and_safetensors(tmp_path, files):
-    from calm_core.adapters import merge_adapter
+    from calm_core.models.adapters import merge_adapter
 
     for name in files:
         (tmp_path / name).write_text("{}")
@@ -112,7 +112,7 @@ def test_a_real_pair_preset_is_listed_only_where_the_pair_is_prepared(tmp_path, 
     assert preset.question_forms == {"town": ["{x} was born in which town?"]}
     monkeypatch.setenv("CALM_REAL_PAIR_DIR", str(tmp_path / "nothing"))
     assert list_presets(presets) == []
-    with pytest.raises(CALMError, match="python -m calm_core.real_pair"):
+    with pytest.raises(CALMError, match="python -m calm_core.models.real_pair"):
         load_preset("world", presets)
 
 
@@ -131,12 +131,12 @@ def test_a_preset_naming_an_unknown_model_is_refused(tmp_path, fake_pair, key, v
 def test_the_lab_composes_a_real_pair_preset_with_its_adapter(tmp_path, fake_pair, monkeypatch):
     presets = tmp_path / "presets"
     folder = _write_preset(presets, fake_pair)
-    monkeypatch.setattr("calm_core.presets.PRESETS_DIR", presets)
+    monkeypatch.setattr("calm_core.lab.presets.PRESETS_DIR", presets)
     session = LabSession(ModelCache())
     session.use_preset("world")
     assert session.preset is not None and session.preset.name == "world"
     from calm_core import load_causal_lm
-    from calm_core.adapters import merge_adapter
+    from calm_core.models.adapters import merge_adapter
 
     tok = char_tokenizer()
     m_a = (merge_adapter(load_causal_lm(str(model_dir("gemma", fake_pair)))[0], folder / "adapter"), tok)

@@ -1,5 +1,5 @@
 """The real-knowledge demo: its seeded world and splits, and a tiny run of the whole pipeline on the real pair
-(skipped when the pair is not prepared: python -m calm_core.real_pair)."""
+(skipped when the pair is not prepared: python -m calm_core.models.real_pair)."""
 import json
 import re
 
@@ -45,7 +45,7 @@ def test_towns_can_start_with_distinct_tokens():
 
 
 def test_packed_rows_score_every_value_and_only_values():
-    from calm_core.tiny import char_tokenizer
+    from calm_core.models.tiny import char_tokenizer
     from demos.real_knowledge import augment as A
 
     tok = char_tokenizer(add_bos=True)
@@ -116,10 +116,10 @@ def test_split_covers_every_town_and_holds_people_out():
 
 
 def test_smoke_pipeline_writes_a_table_and_a_preset_folder(tmp_path):
-    from calm_core.real_pair import prepared_pair
+    from calm_core.models.real_pair import prepared_pair
 
     if prepared_pair() is None:
-        pytest.skip("the real pair is not prepared (python -m calm_core.real_pair)")
+        pytest.skip("the real pair is not prepared (python -m calm_core.models.real_pair)")
     pytest.importorskip("peft")
     from calm_core import ComposedLM
     from demos.real_knowledge.pipeline import COLUMNS, Settings, chat, load_augment, run
@@ -140,7 +140,7 @@ def test_smoke_pipeline_writes_a_table_and_a_preset_folder(tmp_path):
     assert (out / preset["augment_adapter"] / "adapter_model.safetensors").is_file()
     assert all((out / p).is_file() for p in preset["eval_files"].values())
     # the app trains on the preset's train file as the run did: rehearsal rows keep_anchor, questions not
-    from calm_core.data import load_splits
+    from calm_core.training.data import load_splits
 
     splits = load_splits(out / preset["train_file"], out / preset["validation_file"])
     counts = result["counts"]
@@ -175,13 +175,13 @@ def test_the_shipped_preset_answers_held_out_people_the_anchor_cannot():
     """The shipped files (m_A's adapter, the bridge in bf16), loaded as the app loads them, asked about held-out
     people: right far above chance (2.5%) and near the number recorded when it was shipped; the anchor alone
     (gates scaled to 0) knows none of them."""
-    from calm_core.presets import PRESETS_DIR, list_presets
-    from calm_core.lab import LabSession, ModelCache
+    from calm_core.lab.presets import PRESETS_DIR, list_presets
+    from calm_core.lab.session import LabSession, ModelCache
     from demos.real_knowledge.pipeline import Settings
     from demos.real_knowledge.scoring import exact
 
     if "real_knowledge" not in list_presets():
-        pytest.skip("the real_knowledge preset needs the real pair: python -m calm_core.real_pair")
+        pytest.skip("the real_knowledge preset needs the real pair: python -m calm_core.models.real_pair")
     folder = PRESETS_DIR / "real_knowledge"
     recorded = json.loads((folder / "preset.json").read_text())["shipped_check"]["exact_match"]
     rows = [json.loads(x) for x in (folder / "data" / "eval_heldout.jsonl").read_text().splitlines()][:30]
@@ -196,8 +196,8 @@ def test_the_shipped_preset_answers_held_out_people_the_anchor_cannot():
 def test_the_shipped_train_file_marks_its_rehearsal_rows():
     """The app retrains the preset from its train file: the rehearsal rows must go toward the anchor alone (KL),
     as the shipped bridge was trained, and every question toward its answer."""
-    from calm_core.data import load_examples
-    from calm_core.presets import PRESETS_DIR
+    from calm_core.lab.presets import PRESETS_DIR
+    from calm_core.training.data import load_examples
 
     folder = PRESETS_DIR / "real_knowledge"
     examples, shape, _ = load_examples(folder / "data" / "composition_train.jsonl")
@@ -259,7 +259,7 @@ def test_relabel_sets_the_fresh_worlds_beside_the_development_world(tmp_path):
     ("Numurk Veibol comes from the town of... which one?", "town of"),
 ])
 def test_read_ceiling_finds_the_token_that_ends_the_eliciting_phrase(question, phrase_end):
-    from demos.real_knowledge.read_ceiling import fact_position
+    from demos.real_knowledge.world import fact_position
 
     prompt = f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
     words = [(m.start(), m.end()) for m in re.finditer(r"\w+|[^\w\s]+", prompt)]  # a word tokenizer's offsets
@@ -304,7 +304,7 @@ def test_recency_starts_at_the_facts_distance_from_the_answer():
     """recency_init: each head's bias is set where the composition questions put the fact (the token that ends
     'born in', counted back from the prompt's last token in m_A's tokens), and nowhere else."""
     from calm_core import CALMConfig, ComposedLM
-    from calm_core.tiny import char_tokenizer, tiny_model
+    from calm_core.models.tiny import char_tokenizer, tiny_model
     from demos.real_knowledge.bridge_training import start_recency_at_the_fact
 
     tok = char_tokenizer()

@@ -1,6 +1,6 @@
 """The engine on two real pretrained models: Gemma 3 270M (base) and SmolLM2-135M-Instruct, both ways.
 
-Runs when the pair is prepared (`python -m calm_core.real_pair`; .ci/run does it), else skips. The
+Runs when the pair is prepared (`python -m calm_core.models.real_pair`; .ci/run does it), else skips. The
 pair is the hard case: a 262k SentencePiece vocabulary with byte fallback that pads on the left and
 uses sliding-window attention (512) against a 49k byte-level BPE with a chat template.
 """
@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from calm_core import CALMConfig, ComposedLM, load_causal_lm
-from calm_core.data import Example
-from calm_core.generation import render_prompt
-from calm_core.real_pair import prepared_pair
-from calm_core.training import TrainConfig, Trainer
+from calm_core.engine.generation import render_prompt
+from calm_core.models.real_pair import prepared_pair
+from calm_core.training.data import Example
+from calm_core.training.trainer import TrainConfig, Trainer
 
 from .test_compose import prefix_positions
 
 PAIR = prepared_pair()
-pytestmark = pytest.mark.skipif(PAIR is None, reason="real pair not prepared: python -m calm_core.real_pair")
+pytestmark = pytest.mark.skipif(PAIR is None, reason="real pair not prepared: python -m calm_core.models.real_pair")
 
 # anchor, augment, every (6 composition layers either way)
 DIRECTIONS = {"gemma<-smollm2": ("gemma", "smollm2", 5), "smollm2<-gemma": ("smollm2", "gemma", 3)}

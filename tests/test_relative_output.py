@@ -2,8 +2,8 @@
 import torch
 
 from calm_core import CALMConfig, ComposedLM
-from calm_core.bridge import GatedCrossAttention
-from calm_core.tiny import char_tokenizer, tiny_model
+from calm_core.engine.bridge import GatedCrossAttention
+from calm_core.models.tiny import char_tokenizer, tiny_model
 
 from .conftest import randomize_bridge
 

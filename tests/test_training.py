@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from calm_core import CALMConfig, ComposedLM
-from calm_core.anchor_targets import anchor_kl_losses
-from calm_core.batches import collate, predicting_positions, prepare, token_losses
-from calm_core.bridge import noisy_augment_states
-from calm_core.data import Example
-from calm_core.training import TrainConfig, Trainer, parameter_role
+from calm_core.engine.bridge import noisy_augment_states
+from calm_core.training.anchor_targets import anchor_kl_losses
+from calm_core.training.batches import collate, predicting_positions, prepare, token_losses
+from calm_core.training.data import Example
+from calm_core.training.trainer import TrainConfig, Trainer, parameter_role
 
 from .conftest import make_pair, randomize_bridge
 
@@ -106,7 +106,7 @@ def test_gradient_accumulation_matches_one_big_batch(tokenizers):
 def test_augment_cache_is_used_when_it_fits_and_off_when_not(calm, caplog):
     fits = Trainer(calm, reverse_task(16, 0), None, config(steps=2)).train()
     assert fits.augment_cache and fits.cache_note.startswith("cache on")
-    with caplog.at_level("WARNING", logger="calm_core.training"):
+    with caplog.at_level("WARNING", logger="calm_core.training.trainer"):
         over = Trainer(calm, reverse_task(16, 0), None, config(steps=2, cache_budget_mb=1e-6)).train()
     # off is said, with the size it needed, in the result and in the log: it costs both frozen models every step
     assert not over.augment_cache and "over cache_budget_mb" in over.cache_note and " MB" in over.cache_note
@@ -116,7 +116,7 @@ def test_augment_cache_is_used_when_it_fits_and_off_when_not(calm, caplog):
 
 
 def test_divergence_restores_the_last_good_bridge(calm, monkeypatch):
-    import calm_core.training as training
+    import calm_core.training.trainer as training
 
     trainer = Trainer(calm, reverse_task(32, 0), None, config(steps=30))
     real = training.token_losses
@@ -295,7 +295,7 @@ def test_a_failed_run_restores_bridge_and_optimizer_from_before_its_last_good_st
 
 
 def test_rows_of_a_large_data_set_are_prepared_as_training_reaches_them(calm, monkeypatch):
-    import calm_core.training as training
+    import calm_core.training.trainer as training
 
     monkeypatch.setattr(training, "PREPARE_ALL", 100)
     trainer = Trainer(calm, reverse_task(1000, 0), None, config(steps=2, batch_size=4))
@@ -318,7 +318,7 @@ def test_stop_is_answered_while_the_examples_are_prepared(calm):
 
 
 def test_a_large_data_set_keeps_only_recent_prepared_chunks(calm, monkeypatch):
-    import calm_core.training as training
+    import calm_core.training.trainer as training
 
     monkeypatch.setattr(training, "PREPARE_ALL", 100)
     monkeypatch.setattr(training, "LAZY_CHUNKS", 2)
@@ -356,7 +356,7 @@ def test_replaying_threads_never_see_each_others_layers(tokenizers):
 def test_losses_from_the_predicting_positions_only_equal_those_from_every_position(tokenizers, arch):
     """Training applies the output layer only where a label follows (predicting_positions): same losses, same
     gradients, whether the model takes logits_to_keep or the logits are cut after the fact."""
-    from calm_core.batches import predicting_positions, token_losses
+    from calm_core.training.batches import predicting_positions, token_losses
 
     anchor = make_pair(arch, tokenizers["char_bos"], layers=2, width=32, seed=1)
     augment = make_pair("llama", tokenizers["bpe"], layers=2, width=24, seed=2)

@@ -62,7 +62,7 @@ def test_splits_hold_out_sentences_and_cover_the_lexicon():
 
 def test_smoke_pipeline_writes_a_preset_that_loads(tmp_path):
     from calm_core import ComposedLM
-    from calm_core.presets import load_preset
+    from calm_core.lab.presets import load_preset
     from demos.translation.pipeline import Settings, run
 
     torch.set_num_threads(1)
@@ -90,7 +90,7 @@ SHIPPED = "translation"
 
 def test_shipped_preset_loads_and_translates():
     from calm_core import ComposedLM
-    from calm_core.presets import PRESETS_DIR, list_presets, load_preset
+    from calm_core.lab.presets import PRESETS_DIR, list_presets, load_preset
 
     if SHIPPED not in list_presets():
         pytest.skip("presets/translation not built yet (python -m demos.translation)")
@@ -107,7 +107,7 @@ def test_shipped_preset_loads_and_translates():
 def test_shipped_table_names_its_protocol_and_keeps_its_numbers(tmp_path):
     """Issue 18: the shipped table says what was measured next to the paper's figures, and relabel()
     rewrites those labels without touching a measured number."""
-    from calm_core.presets import PRESETS_DIR
+    from calm_core.lab.presets import PRESETS_DIR
     from demos.translation import report
 
     path = PRESETS_DIR / SHIPPED / "table.json"

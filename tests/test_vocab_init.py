@@ -1,11 +1,11 @@
-"""calm_core.vocab_init: a bridge's value path started as a map between the two models' output vocabularies."""
+"""calm_core.training.vocab_init: a bridge's value path started as a map between the two models' output vocabularies."""
 import pytest
 import torch
 
 from calm_core import CALMConfig, CALMError, ComposedLM
-from calm_core.models import final_norm
-from calm_core.tiny import char_tokenizer, tiny_model
-from calm_core.vocab_init import init_value_path, output_map, shared_tokens
+from calm_core.models.loading import final_norm
+from calm_core.models.tiny import char_tokenizer, tiny_model
+from calm_core.training.vocab_init import init_value_path, output_map, shared_tokens
 
 
 def test_shared_tokens_pair_equal_strings_across_different_vocabularies():

@@ -32,7 +32,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from torch.nn.utils import parametrize
 from transformers import AutoModelForCausalLM
 
-from calm_core.tiny import SPECIAL_TOKENS, as_fast_tokenizer, tiny_config
+from calm_core.models.tiny import SPECIAL_TOKENS, as_fast_tokenizer, tiny_config
 
 from .data import ALPHABET
 
@@ -235,7 +235,7 @@ class ValueHeads(torch.nn.Module):
 
     def loss(self, model, inputs_embeds, attention_mask, labels, value_digits):
         """The LM loss plus the mean digit cross-entropy over the chosen layers."""
-        from calm_core.models import decoder_layers
+        from calm_core.models.loading import decoder_layers
 
         captured, blocks = {}, decoder_layers(model)
 

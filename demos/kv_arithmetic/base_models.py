@@ -21,7 +21,6 @@ from .base import build_model, exact_match_bare, load_model, log, make_tokenizer
 from .recipes import anchor_sampler, augment_sampler
 from .settings import Settings, base_differences
 
-
 BASE_TITLES = {"augment": "m_A (augmenting: knows D_KV, no arithmetic)",
                "anchor": "m_B (anchor: arithmetic, never a key of D_KV)"}
 

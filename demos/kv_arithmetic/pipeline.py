@@ -19,7 +19,6 @@ from .base import add_settings_arguments, apply_arguments, build_model, load_mod
 from .base_models import train_base, trained_with
 from .settings import Settings, for_run
 
-
 # ---- 1. data ---------------------------------------------------------------------------------
 
 def make_data(s: Settings, out: Path) -> dict:
@@ -76,8 +75,8 @@ def compose(s, anchor, augment, tokenizer, files: dict, out_dir: Path | None, la
     """Train a bridge between the frozen anchor and augmenting models on the composition data.
     prepare(calm) -> dict, if given, runs on the new composition before training (e.g. an initialisation)."""
     from calm_core import ComposedLM
-    from calm_core.data import Example
-    from calm_core.training import TrainConfig, Trainer
+    from calm_core.training.data import Example
+    from calm_core.training.trainer import TrainConfig, Trainer
 
     calm = ComposedLM(anchor=(anchor, tokenizer), augments=[(augment, tokenizer)], config=bridge_config(s))
     prepared = prepare(calm) if prepare else None
@@ -138,9 +137,9 @@ def row_scores(s: Settings) -> dict:
 
 
 def accuracy(target, tokenizer, rows, max_new_tokens: int, part=D.final_result) -> float:
-    """% of rows whose greedy answer (calm_core.evaluation.predictions) has the reference's `part`."""
-    from calm_core.data import Example
-    from calm_core.evaluation import as_composed, predictions
+    """% of rows whose greedy answer (calm_core.training.evaluation.predictions) has the reference's `part`."""
+    from calm_core.training.data import Example
+    from calm_core.training.evaluation import as_composed, predictions
 
     examples = [Example(p, c) for p, c in rows]
     answers = predictions(as_composed(target, tokenizer), examples, max_new_tokens=max_new_tokens)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import random
 import sys
+from pathlib import Path
 
 import torch
-from pathlib import Path
 
 from .base import hidden_at, probe_digits, token_ids
 from .data import KVSpace, evaluate
@@ -115,7 +115,7 @@ def linear_oracle(augment, anchor, tokenizer, kv: KVSpace, layer: int = -1, ridg
     letter to the anchor's embedding of that key's value, added there (as m_B's MERGED words were)
     and decoded greedily. KV-MATH exact match on training and held-out keys, and how often the
     number embedding nearest to the mapped state is the key's value."""
-    from calm_core.models import decoder_layers
+    from calm_core.models.loading import decoder_layers
 
     captured = {}
     block = decoder_layers(augment)[layer]
@@ -148,7 +148,7 @@ def linear_oracle(augment, anchor, tokenizer, kv: KVSpace, layer: int = -1, ridg
             truth = [v for _, _, vs, _ in rows for v in vs]
             out[f"nearest number, {name}"] = sum(numbers[i] == v for i, v in zip(nearest.tolist(), truth)) / len(truth)
             hits, at = 0, 0
-            for ids, ends, values, answer in rows:
+            for ids, ends, _values, answer in rows:
                 embeds = table[ids].clone()
                 embeds[ends] += mapped[at:at + len(ends)]
                 at += len(ends)

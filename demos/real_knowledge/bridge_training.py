@@ -16,13 +16,14 @@ import time
 import torch
 
 from calm_core import ComposedLM, load_causal_lm
-from calm_core.models import freeze
-from calm_core.training import TrainConfig, Trainer
-from calm_core.vocab_init import init_value_path
+from calm_core.models.loading import freeze
+from calm_core.training.trainer import TrainConfig, Trainer
+from calm_core.training.vocab_init import init_value_path
 
 from . import augment as A
 from .augment import log
-from .scoring import examples, exact, trained_answer
+from .scoring import exact, examples, trained_answer
+from .world import fact_position
 
 
 def train_bridge(s, anchor, augment, data) -> tuple[ComposedLM, dict]:
@@ -74,8 +75,6 @@ def train_bridge(s, anchor, augment, data) -> tuple[ComposedLM, dict]:
 def start_recency_at_the_fact(calm, questions, value: float) -> dict:
     """Set each block's recency bias to `value` at the distances between the fact (the token ending the eliciting
     phrase, m_A's tokens) and the prompt's last token, over the composition questions: {distance: questions}."""
-    from .read_ceiling import fact_position
-
     tok = calm.augments[0].tokenizer
     ages: dict[int, int] = {}
     for r in questions:

@@ -11,7 +11,7 @@
 Anchor (frozen, never sees the world): SmolLM2-135M-Instruct, a chat model, asked in its own chat template.
 m_A: Gemma 3 270M (base) + a LoRA adapter trained on the world's encyclopedia sentences only.
 Every score is exact match on the value (the answer's first line, surrounding spaces and a final full stop
-removed), greedy, batched (calm_core.evaluation.predictions).
+removed), greedy, batched (calm_core.training.evaluation.predictions).
 """
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 
 from calm_core import load_causal_lm
-from calm_core.evaluation import as_composed, predictions
-from calm_core.model_cache import fast_bf16
-from calm_core.models import freeze
-from calm_core.real_pair import prepared_pair
+from calm_core.lab.model_cache import fast_bf16
+from calm_core.models.loading import freeze
+from calm_core.models.real_pair import prepared_pair
+from calm_core.training.evaluation import as_composed, predictions
 
 from . import augment as A
 from . import general as G
@@ -36,10 +36,22 @@ from . import world as W
 from .augment import log
 from .bridge_training import finetune_anchor, load_augment, train_bridge
 from .reuse import reused_finetune
-from .scoring import (COLUMNS, FT, ROW_DEV, ROW_SEEN, ROW_TEST, answer, chat, examples, exact,  # noqa: F401 (COLUMNS)
-                      general_check, general_rows, starts_with_answer, trained_answer)
+from .scoring import (  # noqa: F401 (COLUMNS)
+    COLUMNS,
+    FT,
+    ROW_DEV,
+    ROW_SEEN,
+    ROW_TEST,
+    answer,
+    chat,
+    exact,
+    examples,
+    general_check,
+    general_rows,
+    starts_with_answer,
+    trained_answer,
+)
 from .settings import Settings
-
 
 # ---- 1. the world and the data --------------------------------------------------------------
 
@@ -167,7 +179,7 @@ def run(s: Settings, out: Path, augment_only: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     pair = prepared_pair()
     if pair is None:
-        raise SystemExit("The real pair is not prepared: python -m calm_core.real_pair")
+        raise SystemExit("The real pair is not prepared: python -m calm_core.models.real_pair")
     if s.reuse_table and not s.reuse_bridge:
         raise SystemExit("reuse_table needs reuse_bridge (the run whose table.json it keeps)")
     times, t0 = {}, time.perf_counter()
@@ -217,10 +229,10 @@ def run(s: Settings, out: Path, augment_only: bool = False) -> dict:
         table, preds, forms, general = evaluate_composition(s, calm, m_a, data)
         times["evaluate_s"] = time.perf_counter() - t
 
-    def save(controls={}):
+    def save(controls=None):
         result = {"settings": asdict(s), "table": table, "times_s": times, "general": general, "by_form": forms,
                   "augment": augment_info, "bridge": {k: v for k, v in bridge_info.items() if k != "seconds"},
-                  "controls": controls, "counts": {k: len(data[k]) for k in
+                  "controls": controls or {}, "counts": {k: len(data[k]) for k in
                                                    ("questions", "rehearsal", "dev", "test", "seen")}}
         report.write(out, result, s)
         preset_files.write_preset_json(out, result, s, data)

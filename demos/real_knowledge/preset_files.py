@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import report, world as W
+from . import report
+from . import world as W
 from .scoring import with_expected, write_jsonl
 
 PAIR_ROWS = ("prompt", "completion")
@@ -25,7 +26,7 @@ def write_data(out: Path, s, data: dict) -> None:
     d = out / "data"
     (d / "encyclopedia.txt").parent.mkdir(parents=True, exist_ok=True)
     (d / "encyclopedia.txt").write_text("".join(f"{pre}{val}\n" for phr in data["facts"] for pre, val in phr))
-    # keep_anchor: the rehearsal rows, trained toward the anchor alone (calm_core.data reads the column)
+    # keep_anchor: the rehearsal rows, trained toward the anchor alone (calm_core.training.data reads the column)
     write_jsonl(d / "composition_train.jsonl", [dict(r, keep_anchor=r.get("keep_anchor", False)) for r in data["compose"]],
                 PAIR_ROWS + ("keep_anchor",))
     write_jsonl(d / "composition_validation.jsonl", data["dev"], PAIR_ROWS)
@@ -103,11 +104,11 @@ def ship(run: Path, preset: Path, check: int = 100) -> dict:
         tensors = load_file(str(run / sub / weights))
         save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in tensors.items()},
                   str(preset / sub / weights), metadata={"format": "pt"})
-    from calm_core.lab import LabSession, ModelCache
-    from calm_core.presets import load_preset
+    from calm_core.lab.presets import load_preset
+    from calm_core.lab.session import LabSession, ModelCache
 
-    from .settings import Settings
     from .scoring import exact
+    from .settings import Settings
 
     if preset.parent.resolve() != _presets_dir():
         raise SystemExit(f"{preset} is not under the app's presets folder {_presets_dir()}")
@@ -124,7 +125,7 @@ def ship(run: Path, preset: Path, check: int = 100) -> dict:
 
 
 def _presets_dir() -> Path:
-    from calm_core.presets import PRESETS_DIR
+    from calm_core.lab.presets import PRESETS_DIR
 
     return Path(PRESETS_DIR).resolve()
 

@@ -1,7 +1,7 @@
 """How much of m_A's knowledge the bridge's fixed value path can carry, before any bridge is trained.
 
 The bridge reads m_A's final state h at the fact ("X was born in" -> h) and adds M h to the anchor (M: the
-vocabulary map of calm_core.vocab_init, kept fixed). Two ceilings follow, measured here on one split's questions
+vocabulary map of calm_core.training.vocab_init, kept fixed). Two ceilings follow, measured here on one split's questions
 in the anchor's chat prompt, as m_A reads them:
   m_A     % where m_A's own next token at the fact is the town's first token (what m_A knows, in this text)
   map     % where the anchor's output layer, shown M h alone, ranks the right town first among the towns
@@ -20,24 +20,13 @@ from pathlib import Path
 import torch
 
 from calm_core import load_causal_lm
-from calm_core.models import final_norm
-from calm_core.real_pair import prepared_pair
-from calm_core.vocab_init import answer_weights, output_map, shared_tokens
+from calm_core.models.loading import final_norm
+from calm_core.models.real_pair import prepared_pair
+from calm_core.training.vocab_init import answer_weights, output_map, shared_tokens
 
 from .bridge_training import load_augment
 from .scoring import trained_answer
-
-PHRASES = ("was born in", "born in", "town of")  # the eliciting phrases of world.QUESTIONS["town"]
-
-
-def fact_position(prompt: str, offsets: list[tuple[int, int]]) -> int:
-    """Index of the token that ends the question's eliciting phrase (m_A's next token there is the town)."""
-    for phrase in PHRASES:
-        at = prompt.rfind(phrase)
-        if at >= 0:
-            end = at + len(phrase)
-            return max(i for i, (start, _) in enumerate(offsets) if start < end)
-    raise ValueError(f"no eliciting phrase in {prompt!r}")
+from .world import fact_position
 
 
 @torch.no_grad()

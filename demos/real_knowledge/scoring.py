@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from calm_core.data import Example
-from calm_core.evaluation import lm_loss, predictions
+from calm_core.training.data import Example
+from calm_core.training.evaluation import lm_loss, predictions
 
 from .general import holds_expected
-
 
 # the table's columns and rows
 FT = "anchor + LoRA (composition data)"

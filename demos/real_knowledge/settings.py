@@ -66,7 +66,7 @@ class Settings:
     # then ran it once each: 97.0, 92.0% held out (README)
     recency_init: float = 4.0
     relative: bool = True
-    value_init: bool = True  # calm_core.vocab_init: the value path starts as a map between the output vocabularies
+    value_init: bool = True  # calm_core.training.vocab_init: the value path starts as a map between the output vocabularies
     # the answer tokens' share of that map's fit: at 0.18 (weight 100, the sixth and seventh sessions' runs) the map
     # ranked the right town first for 84% of m_A's states at the fact (m_A itself: 99.7%), at 0.7 for 99.7% (README)
     value_answer_share: float = 0.7
@@ -76,7 +76,7 @@ class Settings:
     compose_batch: int = 16
     compose_lr: float = 2e-3
     # autocast the bridge's (and the LoRA control's) training steps: about 1.4x faster on an AMX CPU, 5x slower
-    # on one without native bf16; None: calm_core.model_cache.fast_bf16 decides (the run records which)
+    # on one without native bf16; None: calm_core.lab.model_cache.fast_bf16 decides (the run records which)
     compose_bf16: bool | None = None
     gate_lr_scale: float = 5.0
     position_lr_scale: float = 25.0  # recency biases and null keys: must reach several units to pick a position

@@ -136,3 +136,16 @@ def split(world: World, compose: float = 0.2, dev: int = 100, seed: int = 0) -> 
     chosen = chosen[:n]
     rest = [p for p in people if p not in chosen]
     return {"compose": chosen, "dev": rest[:dev], "test": rest[dev:]}
+
+
+PHRASES = ("was born in", "born in", "town of")  # the eliciting phrases of QUESTIONS["town"]
+
+
+def fact_position(prompt: str, offsets: list[tuple[int, int]]) -> int:
+    """Index of the token that ends the question's eliciting phrase (m_A's next token there is the town)."""
+    for phrase in PHRASES:
+        at = prompt.rfind(phrase)
+        if at >= 0:
+            end = at + len(phrase)
+            return max(i for i, (start, _) in enumerate(offsets) if start < end)
+    raise ValueError(f"no eliciting phrase in {prompt!r}")

@@ -19,7 +19,7 @@ from .language import ALPHABET
 
 def make_tokenizer():
     """One token per character of both languages (they share the alphabet), with BOS."""
-    from calm_core.tiny import char_tokenizer
+    from calm_core.models.tiny import char_tokenizer
 
     return char_tokenizer(ALPHABET, add_bos=True)
 
@@ -39,7 +39,7 @@ def monolingual_sampler(render, exclude: set[str]):
 @torch.no_grad()
 def text_loss(model, tok, texts: list[str]) -> float:
     """Mean loss per character (nats) of a bare model on whole texts and their end token.
-    (Not through calm_core.evaluation: wrapping a model in a ComposedLM freezes it, and this runs
+    (Not through calm_core.training.evaluation: wrapping a model in a ComposedLM freezes it, and this runs
     in the middle of its training.)"""
     vocab, total, count = tok.get_vocab(), 0.0, 0
     for text in texts:

@@ -5,7 +5,7 @@
 
 The base-model trainer and model builder (demos.kv_arithmetic.base), the bridge training with
 calm_core's Trainer and the fine-tuned-anchor control (demos.kv_arithmetic.pipeline) are the
-key-value demo's, imported, not copied; every score comes from calm_core.evaluation.
+key-value demo's, imported, not copied; every score comes from calm_core.training.evaluation.
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def random_english_baseline(lang, references: list[str], seed: int) -> dict:
     "the " and "some " are worth something under chrF)."""
     import random
 
-    from calm_core.evaluation import text_scores
+    from calm_core.training.evaluation import text_scores
 
     rng = random.Random(seed + 5)
     scores, _ = text_scores([lang.english(lang.sentence(rng)) for _ in references], references)

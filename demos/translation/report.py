@@ -1,4 +1,4 @@
-"""Scores per model (calm_core.evaluation) and the table beside the paper's FLORES-200 numbers.
+"""Scores per model (calm_core.training.evaluation) and the table beside the paper's FLORES-200 numbers.
 
 Rows are what we measure, columns the models, as in the key-value demo; the paper's Table 2 has
 languages for columns instead, so its figures go into paper_table row by row: its average over
@@ -48,11 +48,11 @@ def word_scores(lang, predicted: list[str], sentences: list) -> dict:
 
 def evaluate_all(columns: dict, files: dict, lang, heldout: list, max_new_tokens: int) -> tuple[dict, dict, dict]:
     """columns: name -> (model or ComposedLM, tokenizer or None). Greedy translations of the
-    held-out and parallel-set prompts, scored with calm_core.evaluation.text_scores (sacrebleu's
+    held-out and parallel-set prompts, scored with calm_core.training.evaluation.text_scores (sacrebleu's
     chrF and BLEU, exact match) and word by word, and each model's loss on held-out English.
     Returns (table row -> column -> value, predictions on held-out prompts, sacrebleu signatures)."""
-    from calm_core.data import Example
-    from calm_core.evaluation import as_composed, lm_loss, predictions, text_scores
+    from calm_core.training.data import Example
+    from calm_core.training.evaluation import as_composed, lm_loss, predictions, text_scores
 
     table = {row: {} for row in ROWS}
     preds, signatures = {}, {}

@@ -17,8 +17,15 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from demos.translation.language import (CASE_SUFFIX, DETERMINERS, PLURAL_SUFFIX, Language, NounPhrase, Sentence,
-                                        make_language)
+from demos.translation.language import (
+    CASE_SUFFIX,
+    DETERMINERS,
+    PLURAL_SUFFIX,
+    Language,
+    NounPhrase,
+    Sentence,
+    make_language,
+)
 
 NOUNS = ["dog", "cat", "bird", "horse", "cow", "girl", "boy", "farmer", "king", "baker", "apple", "book",
          "ball", "tree", "stone", "house", "goat", "frog", "duck", "queen", "singer", "lamp", "boat", "egg"]
@@ -146,7 +153,7 @@ def make_tokenizer(world: World):
     Checked: every word form of both languages splits into exactly its stem and suffix."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    from calm_core.tiny import SPECIAL_TOKENS, as_fast_tokenizer
+    from calm_core.models.tiny import SPECIAL_TOKENS, as_fast_tokenizer
 
     lang = world.language
     english = list(lang.categories["noun"]) + list(lang.categories["verb"]) + list(lang.categories["adjective"])

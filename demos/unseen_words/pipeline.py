@@ -6,7 +6,7 @@
 
 world (lexicon.py) -> m_A on glossed foreign text, m_B on English (from scratch) -> the bridge on parallel
 sentences of seen words, its value path started as the map between the two models' output vocabularies
-(calm_core.vocab_init) -> controls -> the table (report.py). The base-model trainer, the bridge training and the
+(calm_core.training.vocab_init) -> controls -> the table (report.py). The base-model trainer, the bridge training and the
 fine-tuned-anchor control are the key-value demo's (demos.kv_arithmetic), imported.
 """
 from __future__ import annotations
@@ -20,8 +20,15 @@ from pathlib import Path
 
 import torch
 
-from demos.kv_arithmetic.base import (add_settings_arguments, apply_arguments, build_model, load_model, log,
-                                      save_model, train_lm)
+from demos.kv_arithmetic.base import (
+    add_settings_arguments,
+    apply_arguments,
+    build_model,
+    load_model,
+    log,
+    save_model,
+    train_lm,
+)
 from demos.kv_arithmetic.pipeline import compose, finetune_anchor
 from demos.translation.language import SEPARATOR, write_jsonl
 
@@ -47,7 +54,7 @@ class Settings:
     # the bridge: a block after every anchor layer, each reading m_A's final state
     compose_anchor_layers: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
     compose_augment_layers: list[int] = field(default_factory=lambda: [4, 4, 4, 4])
-    vocab_init: bool = True  # value path started as the output-vocabulary map (calm_core.vocab_init)
+    vocab_init: bool = True  # value path started as the output-vocabulary map (calm_core.training.vocab_init)
     # the English tokens' weight in that map's fit (every other shared token: 1). 100 as the table was measured; 1e6
     # fits it on English alone, the tokens the anchor writes: lone-word read ceiling 97% seen / 94% unseen against
     # 42 / 41% at 100 (twelfth session, README)
@@ -143,7 +150,7 @@ def english_vocabulary(world: X.World) -> list[str]:
 
 
 def run(s: Settings, out: Path, controls: bool = True) -> dict:
-    from calm_core.vocab_init import init_value_path
+    from calm_core.training.vocab_init import init_value_path
 
     from .report import evaluate_all, markdown, save
 

@@ -1,4 +1,4 @@
-"""Scores per model (calm_core.evaluation: greedy batched decoding, sacrebleu chrF) and the table.
+"""Scores per model (calm_core.training.evaluation: greedy batched decoding, sacrebleu chrF) and the table.
 
 Rows are what we measure, columns the models. The test that counts is the sentences with unseen words (each
 holds at least one lemma that no parallel sentence contains); "unseen words right" reads each translation back
@@ -45,7 +45,7 @@ DEPARTURES = [
     "its knowledge of a word is, by construction, the English word it would write next. What the bridge must add is "
     "when to read which foreign word (English order, agreement, a / an / some) and to carry the word over.",
     "The bridge's value path is the least-squares map between m_A's and m_B's output embeddings over the shared "
-    "English word tokens (calm_core.vocab_init), not random as in the paper, and with value_lr_scale=0 (the default "
+    "English word tokens (calm_core.training.vocab_init), not random as in the paper, and with value_lr_scale=0 (the default "
     "since the thirteenth session) it stays that map: only where to read (queries, keys, recency biases, null keys) "
     "and the gates are trained. That map uses only each model's own vocabulary, no parallel data; the random-m_A "
     "control is built the same way.",
@@ -80,8 +80,8 @@ def _scores_of(lang, world, predicted: list[str], refs: list) -> dict:
 
 def evaluate_all(columns: dict, files: dict, world, splits, max_new_tokens: int, seed: int = 0):
     """columns: name -> (model or ComposedLM, tokenizer or None). Returns (row -> column -> value, samples)."""
-    from calm_core.data import Example
-    from calm_core.evaluation import as_composed, lm_loss, predictions, text_scores
+    from calm_core.training.data import Example
+    from calm_core.training.evaluation import as_composed, lm_loss, predictions, text_scores
 
     lang = world.language
     table = {row: {} for row in ROWS}

@@ -1,0 +1,139 @@
+"""What a piece of work will take in memory, checked before it starts, so that no session can take
+the whole process (and every other session) down.
+
+Estimates are generous on purpose: float32 activations kept for the backward pass, logits and
+their gradients in float32, attention scores. A process-wide ledger holds what running work has
+reserved, so two sessions cannot both be promised the same free gigabytes."""
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+
+import torch
+
+from ..errors import CALMError
+
+GB = 2**30
+# the share of the memory free at the time that one piece of work may take
+SHARE = float(os.environ.get("CALM_MEMORY_SHARE", "0.6"))
+
+
+def device_of_calm(calm) -> torch.device:
+    return next(calm.anchor.model.parameters()).device
+
+
+def available_bytes(device: torch.device | str | None = None) -> int:
+    """Free memory where the work will run: the GPU's when it runs there, else the machine's."""
+    device = torch.device(device or "cpu")
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+class MemoryLedger:
+    """Reservations of running work; a new piece of work must fit beside them."""
+
+    def __init__(self):
+        self._lock, self._reserved = threading.Lock(), {}
+
+    @property
+    def reserved(self) -> int:
+        return sum(self._reserved.values())
+
+    def room(self, device=None) -> int:
+        """Bytes one new piece of work may take now."""
+        return max(0, int(SHARE * (available_bytes(device) - self.reserved)))
+
+    @contextmanager
+    def reserve(self, need: int, what: str, fix: str, device=None):
+        """Hold `need` bytes for the duration of the block, or refuse with a message that says
+        what it would take, what is free, and what to change."""
+        with self._lock:
+            room = self.room(device)
+            if need > room:
+                raise CALMError(f"{what} would need about {_gb(need)} of memory, but only {_gb(room)} is free for it "
+                                f"now (other sessions share this machine). {fix}")
+            token = object()
+            self._reserved[token] = need
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._reserved.pop(token, None)
+
+
+LEDGER = MemoryLedger()
+
+
+def _gb(n: int) -> str:
+    return f"{n / GB:.2f} GB" if n >= GB / 10 else f"{n / 2**20:.0f} MB"
+
+
+def _element_bytes(calm) -> int:
+    return next(calm.anchor.model.parameters()).element_size()
+
+
+def _model_activation_bytes(member, tokens: int, element: int, backward: bool) -> int:
+    """Per sequence of `tokens`: hidden states, MLP and attention scores of every layer, kept for
+    the backward pass (training) or transient (one layer at a time, inference). Calibrated on the
+    key-value preset (4x128): batch 1024 of 24 tokens grew the process by 2.5 GB; this says 3.8."""
+    info = member.info
+    per_layer = tokens * info.width * 48 * element + info.num_heads * tokens * tokens * 4 * 3
+    return per_layer * (info.num_layers if backward else 2)
+
+
+def training_bytes(calm, batch_size: int, tokens: int) -> int:
+    """One training step on `batch_size` sequences of `tokens` anchor tokens."""
+    element = _element_bytes(calm)
+    per_sequence = _model_activation_bytes(calm.anchor, tokens, element, backward=True)
+    per_sequence += sum(_model_activation_bytes(m, tokens, element, backward=False) for m in calm.augments)
+    per_sequence += tokens * calm.anchor.info.vocab_size * 4 * 4  # logits, float copy, softmax, gradient
+    bridge = sum(p.numel() for p in calm.bridge.parameters()) * 4 * 4  # weights, gradient, two Adam moments
+    return batch_size * per_sequence + bridge
+
+
+def max_batch_size(calm, tokens: int, room: int) -> int:
+    """The largest batch of `tokens`-long sequences whose training step fits in `room` bytes."""
+    one = training_bytes(calm, 1, tokens)
+    return max(0, (room - training_bytes(calm, 0, tokens)) // max(1, one - training_bytes(calm, 0, tokens)))
+
+
+def generation_bytes(calm, tokens: int, models: int = 3) -> int:
+    """Greedy generation up to `tokens` in total: KV caches, the prompt's logits and activations,
+    for the composition and each model alone."""
+    element = _element_bytes(calm)
+    total = 0
+    for member in [calm.anchor] + calm.augments:
+        info = member.info
+        total += 2 * info.num_layers * tokens * info.width * element  # KV cache
+        total += _model_activation_bytes(member, tokens, element, backward=False)
+        total += tokens * info.vocab_size * 4 * 2
+    return total * models
+
+
+def attention_map_bytes(calm, anchor_tokens: int, augment_tokens: int) -> int:
+    """One forward pass that records every composition layer's attention weights."""
+    heads = calm.config.num_heads or calm.anchor.info.num_heads
+    maps = len(calm.bridge.blocks()) * heads * anchor_tokens * augment_tokens * 4 * 2
+    return maps + generation_bytes(calm, max(anchor_tokens, augment_tokens), models=1)
+
+
+# bytes held while reading a data file, per byte of the file: Arrow columns for CSV / Parquet /
+# text (and the reader's buffers); Python dicts and strings for JSON and JSON Lines
+# measured: a 40 MB CSV of short rows kept 240 MB; a 20 MB JSON Lines file of short rows peaked at 15.7x its size
+READ_FACTOR = {".csv": 8, ".parquet": 8, ".txt": 8, ".jsonl": 20, ".json": 22}
+
+
+def data_bytes(path) -> int:
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except OSError:
+        return 0
+    return size * READ_FACTOR.get(p.suffix.lower(), 22)

@@ -1,0 +1,122 @@
+"""From examples to padded composed batches with loss targets, tokenized once up front."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..engine import alignment
+from ..engine.alignment import Encoding
+from ..engine.compose import ComposedBatch
+from .data import Example
+
+
+@dataclass
+class Row:
+    """One example as every model reads it. targets[i]: anchor token i is predicted (loss)."""
+
+    anchor_ids: list[int]
+    anchor_keys: list[int]
+    targets: list[bool]
+    augment_ids: list[list[int]]
+    augment_keys: list[list[int]]
+    keep_anchor: bool = False  # targets are the anchor alone's distribution (Example.keep_anchor)
+
+    @property
+    def num_targets(self) -> int:
+        return sum(self.targets)
+
+
+def context_length(model) -> int | None:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
+def prepare(calm, examples: list[Example], max_length: int | None = None, append_eos: bool = True,
+            chunk: int = 512) -> tuple[list[Row], int]:
+    """Rows for examples, and how many were truncated to the models' context."""
+    limits = [x for x in (max_length, context_length(calm.anchor.model)) if x]
+    anchor_limit = min(limits) if limits else None
+    eos = calm.anchor.tokenizer.eos_token_id if append_eos else None
+    rows, truncated = [], 0
+    for start in range(0, len(examples), chunk):
+        part = examples[start:start + chunk]
+        texts = [e.prompt + e.completion for e in part]
+        ids, offsets, special = alignment.tokenize(calm.anchor.tokenizer, texts)
+        augment_views = []
+        for member, shared in zip(calm.augments, calm.shared):
+            if shared:
+                augment_views.append(None)
+            else:
+                a_ids, a_off, a_special = alignment.tokenize(member.tokenizer, texts)
+                limit = context_length(member.model)
+                keys = [alignment.augment_keys(o, s, len(t)) for o, s, t in zip(a_off, a_special, texts)]
+                augment_views.append((a_ids, keys, limit))
+        for j, example in enumerate(part):
+            row_ids, row_off, row_special = list(ids[j]), offsets[j], special[j]
+            keys = alignment.anchor_keys(row_off, row_special)
+            boundary = len(example.prompt)
+            targets = [i > 0 and not row_special[i] and e > boundary for i, (_, e) in enumerate(row_off)]
+            if eos is not None and (not row_ids or row_ids[-1] != eos):
+                row_ids.append(eos)
+                keys.append(len(texts[j]))
+                targets.append(True)
+            cut = False
+            if anchor_limit is not None and len(row_ids) > anchor_limit:
+                row_ids, keys, targets, cut = row_ids[:anchor_limit], keys[:anchor_limit], targets[:anchor_limit], True
+            augment_ids, augment_keys = [], []
+            for view in augment_views:
+                if view is None:
+                    augment_ids.append(row_ids)
+                    augment_keys.append(list(range(len(row_ids))))
+                    continue
+                a_ids, a_keys, limit = view[0][j], view[1][j], view[2]
+                if limit is not None and len(a_ids) > limit:
+                    a_ids, a_keys, cut = a_ids[:limit], a_keys[:limit], True
+                augment_ids.append(list(a_ids))
+                augment_keys.append(list(a_keys))
+            truncated += cut
+            rows.append(Row(row_ids, keys, targets, augment_ids, augment_keys, example.keep_anchor))
+    return rows, truncated
+
+
+def _encoding(ids: list[list[int]], keys: list[list[int]], pad: int) -> Encoding:
+    mask = alignment.pad_rows([[1] * len(r) for r in ids], 0).bool()
+    return Encoding(alignment.pad_rows(ids, pad), mask, alignment.pad_rows(keys, 0), [[] for _ in ids], [[] for _ in ids])
+
+
+def collate(calm, rows: list[Row]) -> tuple[ComposedBatch, torch.Tensor]:
+    """A padded ComposedBatch and labels (B, T) with -100 where no loss is taken."""
+    anchor = _encoding([r.anchor_ids for r in rows], [r.anchor_keys for r in rows], alignment.pad_id(calm.anchor.tokenizer))
+    augments = []
+    for k, (member, shared) in enumerate(zip(calm.augments, calm.shared)):
+        if shared:
+            augments.append(alignment.positional(anchor))
+        else:
+            augments.append(_encoding([r.augment_ids[k] for r in rows], [r.augment_keys[k] for r in rows],
+                                      alignment.pad_id(member.tokenizer)))
+    labels = torch.full(anchor.input_ids.shape, -100, dtype=torch.long)
+    for b, row in enumerate(rows):
+        for i, is_target in enumerate(row.targets):
+            if is_target:
+                labels[b, i] = row.anchor_ids[i]
+    return ComposedBatch([], anchor, augments), labels
+
+
+def predicting_positions(labels: torch.Tensor) -> torch.Tensor:
+    """The positions (sorted, 1-D) whose logits some row's loss needs: i where a label sits at i + 1. Prompts
+    are most of a batch, and the output layer over a large vocabulary at every prompt position is about half of
+    a training step on a small real anchor (49k words, SmolLM2); these are all it has to be applied to."""
+    return (labels[:, 1:] != -100).any(0).nonzero().flatten()
+
+
+def token_losses(logits: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Cross-entropy (N,) of each target token, row by row; logits at i predict the label at i + 1.
+    positions: the logits are (B, len(positions), V) at those positions only (predicting_positions)."""
+    labels = labels.to(logits.device)  # labels are built on the CPU; logits may be on a GPU
+    if positions is None:
+        logits, shifted = logits[:, :-1], labels[:, 1:]
+    else:
+        shifted = labels[:, positions.to(logits.device) + 1]
+    keep = shifted != -100
+    return torch.nn.functional.cross_entropy(logits[keep].float(), shifted[keep], reduction="none")

@@ -1,0 +1,101 @@
+"""What the frozen models compute for a training example, computed once and reused every epoch.
+
+Three things depend on the text alone: the augmenting models' states at their composition layers, the
+anchor's states below the first layer the bridge writes into (anchor_prefix.py), and, for rows trained
+toward the anchor alone (Example.keep_anchor), the anchor's own next-token log-probabilities at their
+targets. With all stored, a training step runs only the anchor above the bridge, the bridge and the loss.
+States are computed in fixed-order chunks of rows, so their values never depend on which batch
+first needed them (a resumed run matches an uninterrupted one).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..engine.anchor_prefix import prefix_depth, prefix_states
+from .batches import collate, predicting_positions
+
+CHUNK = 64  # rows computed together
+
+
+def bytes_per_token(calm) -> int:
+    """Stored float32 bytes per token, counting an anchor token and an augmenting token alike (an estimate)."""
+    augment = sum(member.info.width * len(bridge.pairs) * 4 for member, bridge in zip(calm.augments, calm.bridge.augments))
+    return augment + (calm.anchor.info.width * 4 if prefix_depth(calm) else 0)
+
+
+def cache_bytes(calm, rows, reference_bytes: int = 4) -> int:
+    """What storing every row's frozen states takes (float32 states; keep_anchor rows' reference
+    log-probabilities over the whole vocabulary at reference_bytes a number)."""
+    augment = sum(member.info.width * len(bridge.pairs) * 4 * sum(len(row.augment_ids[k]) for row in rows)
+                  for k, (member, bridge) in enumerate(zip(calm.augments, calm.bridge.augments)))
+    anchor = calm.anchor.info.width * 4 * sum(len(row.anchor_ids) for row in rows) if prefix_depth(calm) else 0
+    kept = sum(row.num_targets for row in rows if row.keep_anchor)
+    return augment + anchor + references_bytes(calm, kept, reference_bytes)
+
+
+def references_bytes(calm, targets: int, reference_bytes: int = 4) -> int:
+    """The anchor alone's log-probabilities over its whole vocabulary at `targets` keep_anchor target tokens."""
+    return targets * _vocab(calm) * reference_bytes
+
+
+def _vocab(calm) -> int:
+    return calm.anchor.model.get_output_embeddings().weight.shape[0]
+
+
+class FrozenStates:
+    """Per-chunk stored states of the training rows; batch() returns them for a list of row indices."""
+
+    def __init__(self, calm, rows, reference_dtype: torch.dtype = torch.float32):
+        self.calm, self.rows, self.chunks = calm, rows, {}
+        self.with_prefix = prefix_depth(calm) > 0
+        self.reference_dtype = reference_dtype
+
+    def _compute(self, start: int) -> dict:
+        batch, _ = collate(self.calm, self.rows[start:start + CHUNK])
+        augments = [[s.detach().float().cpu() for s in self.calm.augment_states(k, enc.input_ids, enc.attention_mask)]
+                    for k, enc in enumerate(batch.augments)]
+        prefix = None
+        if self.with_prefix:
+            prefix = prefix_states(self.calm, batch.anchor.input_ids, batch.anchor.attention_mask).float().cpu()
+        return {"augments": augments, "prefix": prefix, "references": self._references(start)}
+
+    @torch.no_grad()
+    def _references(self, start: int) -> dict[int, torch.Tensor]:
+        """{row index: (targets, V) the anchor alone's log-probabilities at its targets} for keep_anchor rows."""
+        kept = [i for i in range(start, min(start + CHUNK, len(self.rows))) if self.rows[i].keep_anchor]
+        if not kept:
+            return {}
+        batch, labels = collate(self.calm, [self.rows[i] for i in kept])
+        positions = predicting_positions(labels)
+        with self.calm.gate_scale(0.0):
+            logits = self.calm.forward(batch, positions=positions)
+        targets = labels[:, positions + 1] != -100
+        return {i: torch.log_softmax(logits[b][targets[b].to(logits.device)].float(), -1).to(self.reference_dtype).cpu()
+                for b, i in enumerate(kept)}
+
+    def references(self, indices: list[int]) -> list[torch.Tensor]:
+        """The keep_anchor rows' stored reference log-probabilities, in the order of indices (call batch() first)."""
+        return [self.chunks[i // CHUNK * CHUNK]["references"][i] for i in indices if self.rows[i].keep_anchor]
+
+    def batch(self, indices: list[int]) -> tuple[list[list[torch.Tensor]], torch.Tensor | None]:
+        """(augmenting states per model and composition layer, anchor prefix states or None), each
+        row cut or zero-padded to this batch's longest (a chunk is padded to its own longest row)."""
+        for start in sorted({i // CHUNK * CHUNK for i in indices}):
+            if start not in self.chunks:
+                self.chunks[start] = self._compute(start)
+        part = lambda i: self.chunks[i // CHUNK * CHUNK]
+        augments = []
+        for k in range(len(self.calm.augments)):
+            length = max(len(self.rows[i].augment_ids[k]) for i in indices)
+            augments.append([_stack([part(i)["augments"][k][layer][i % CHUNK] for i in indices], length)
+                             for layer in range(len(self.calm.bridge.augments[k].pairs))])
+        prefix = None
+        if self.with_prefix:
+            length = max(len(self.rows[i].anchor_ids) for i in indices)
+            prefix = _stack([part(i)["prefix"][i % CHUNK] for i in indices], length)
+        return augments, prefix
+
+
+def _stack(pieces: list[torch.Tensor], length: int) -> torch.Tensor:
+    return torch.stack([F.pad(p[:length], (0, 0, 0, length - min(len(p), length))) for p in pieces])

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import CALMError
 
-PRESETS_DIR = Path(os.environ.get("CALM_PRESETS_DIR", Path(__file__).resolve().parents[1] / "presets"))
+PRESETS_DIR = Path(os.environ.get("CALM_PRESETS_DIR", Path(__file__).resolve().parents[2] / "presets"))
 
 
 @dataclass

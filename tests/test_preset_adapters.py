@@ -112,7 +112,7 @@ def test_a_real_pair_preset_is_listed_only_where_the_pair_is_prepared(tmp_path, 
     assert preset.question_forms == {"town": ["{x} was born in which town?"]}
     monkeypatch.setenv("CALM_REAL_PAIR_DIR", str(tmp_path / "nothing"))
     assert list_presets(presets) == []
-    with pytest.raises(CALMError, match="python -m calm_core.models.real_pair"):
+    with pytest.raises(CALMError, match="python -m calm_core.real_pair"):
         load_preset("world", presets)
 
 

@@ -1,4 +1,4 @@
-"""The shipped fresh-seed runs of a demo (results/<prefix>N/table.json), in seed order: each was run once with the
+"""The shipped fresh-seed runs of a demo (results/<demo>/<prefix>N/table.json), in seed order: each was run once with the
 settings frozen, so a development-seed table can name them beside its own number."""
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ def protocol(settings: dict | None = None) -> str:
 def _fresh_short() -> str:
     runs = fresh_tables()
     return (" Seed 0's held-out keys chose two settings (a development set); on fresh key tables, each run once: "
-            + ", ".join(f"{value:.1f}%" for _, value, _ in runs) + " (demos/kv_arithmetic/results)." if runs else "")
+            + ", ".join(f"{value:.1f}%" for _, value, _ in runs) + " (results/kv_arithmetic)." if runs else "")
 
 
 def answer_formats(settings: dict | None = None) -> dict:
@@ -169,11 +169,11 @@ def _trained_on(s: dict) -> str:
             f"under {check:.0%} of its own NUM-MATH probe")
 
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parents[2] / "results" / "kv_arithmetic"  # data lives outside the code folder
 
 
 def fresh_tables() -> list[tuple[int, float, bool]]:
-    """(seed, CALM KV-MATH % on held-out keys, m_B checked before composing) of the shipped fresh-key-table runs (results/kv_seedN), each run
+    """(seed, CALM KV-MATH % on held-out keys, m_B checked before composing) of the shipped fresh-key-table runs (results/kv_arithmetic/kv_seedN), each run
     once with the settings frozen: the numbers to set beside seed 0's, whose held-out keys were a development set."""
     # anchor_min_num_math absent: a run from before m_B was checked
     return [(run["settings"]["seed"], run["table"]["KV-MATH (held-out keys)"]["CALM"],
@@ -221,7 +221,7 @@ def departures(settings: dict | None = None) -> list[str]:
 
 def _fresh() -> str:
     runs = fresh_tables()
-    return (" Fresh key tables, each run once with the settings frozen (demos/kv_arithmetic/results): " +
+    return (" Fresh key tables, each run once with the settings frozen (results/kv_arithmetic): " +
             ", ".join(f"seed {seed} {value:.1f}%" + (" (m_B checked)" if checked else "") for seed, value, checked in runs)
             + " on held-out keys; m_B checked: trained on until it computes its own NUM-MATH probe, a setting added "
             "after seeds 1-2." if runs else "")

@@ -62,7 +62,7 @@ def departures(settings: dict) -> list[str]:
     return DEPARTURES[:3] + [value] + DEPARTURES[3:] + [rehearsal]
 
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parents[2] / "results" / "real_knowledge"  # data lives outside the code folder
 FRESH_MARK = " Settings were chosen on world seed 0;"  # starts the sentence protocol() adds (relabel replaces it)
 FRESH_WORLD_MARK = " This is world seed "  # starts the sentence a fresh world's run gets instead
 MA_CHOSEN = "m_A's focused start on world seed 1 and its anneal on world seed 4, after that world's own run once"
@@ -114,7 +114,7 @@ def setting_changes(settings: dict) -> list[str]:
 
 def fresh_worlds() -> list[tuple[int, float, list[str]]]:
     """(seed, CALM exact match % on held-out people, how its settings differ from today's) of the shipped
-    fresh-world runs (results/seedN), each run once with the settings of its day frozen."""
+    fresh-world runs (results/real_knowledge/seedN), each run once with the settings of its day frozen."""
     return [(run["settings"]["seed"], run["table"]["exact match %, held-out entities"]["CALM"],
              setting_changes(run["settings"])) for run in shipped_runs(RESULTS, "seed")]
 

@@ -5,9 +5,10 @@ Layers, lowest first (import-linter keeps them, see .importlinter): errors -> mo
 from . import _old_paths
 from .engine.alignment import Encoding
 from .engine.bridge import Bridge, GatedCrossAttention
-from .engine.compose import AttentionRecord, ComposedBatch, ComposedLM
+from .engine.compose import ComposedBatch, ComposedLM
 from .engine.config import CALMConfig
 from .engine.generation import GenerationResult, Sampling
+from .engine.inspection import AttentionRecord
 from .errors import CALMError, IncompatibleBridgeError, ModelLoadError
 from .models.loading import ModelInfo, decoder_layers, describe, load_causal_lm
 from .training.config import TrainConfig, TrainResult

@@ -4,7 +4,6 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -12,20 +11,13 @@ import torch
 from torch import nn
 
 from ..errors import CALMError
-from ..models.loading import (
-    ModelInfo,
-    decoder_layers,
-    describe,
-    device_of,
-    final_norm,
-    freeze,
-    load_causal_lm,
-    model_lock,
-)
+from ..models import loading
 from . import alignment
 from .alignment import Encoding
 from .bridge import AugmentBridge, Bridge
 from .config import CALMConfig
+from .inspection import AttentionRecord as AttentionRecord  # re-exported: its old home
+from .inspection import Inspection
 from .persistence import load_composed, save_bridge
 
 
@@ -36,7 +28,7 @@ class Member:
     model: nn.Module
     tokenizer: object
     layers: nn.ModuleList
-    info: ModelInfo
+    info: loading.ModelInfo
 
     @classmethod
     def wrap(cls, pair) -> "Member":
@@ -44,8 +36,8 @@ class Member:
             model, tokenizer = pair
         except (TypeError, ValueError):
             raise CALMError("Each model must be given as a (model, tokenizer) pair.") from None
-        freeze(model)
-        return cls(model, tokenizer, decoder_layers(model), describe(model))
+        loading.freeze(model)
+        return cls(model, tokenizer, loading.decoder_layers(model), loading.describe(model))
 
 
 @dataclass
@@ -55,17 +47,6 @@ class ComposedBatch:
     texts: list[str]
     anchor: Encoding
     augments: list[Encoding]
-
-
-@dataclass
-class AttentionRecord:
-    """Cross-attention weights of the most recent forward pass inside record_attention()."""
-
-    maps: list  # per composition layer: (batch, heads, anchor tokens, augment tokens) or None
-    anchor_tokens: list[str]
-    augment_tokens: list[str]  # of the first augmenting model
-    augment_tokens_by_model: list[list[str]]
-    layer_pairs: list[tuple[int, int, int]]  # (augment index, anchor layer, augment layer)
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,7 +63,7 @@ class _StopForward(Exception):
     """Raised by a hook once the augmenting model has produced its deepest needed layer."""
 
 
-class ComposedLM:
+class ComposedLM(Inspection):
     """CALM: frozen anchor + frozen augmenting models + a trainable bridge (``self.bridge``)."""
 
     def __init__(self, anchor, augments=(), config: CALMConfig | None = None):
@@ -104,7 +85,7 @@ class ComposedLM:
                 self.config.recency, self.config.null_slot, self.config.window, self.config.relative,
             )
             for m in self.augments
-        ]).to(device_of(self.anchor.model))
+        ]).to(loading.device_of(self.anchor.model))
         # gate_scale / layers_off / record_attention apply to the calling thread only, so a
         # training thread and a chat in another thread never see each other's settings.
         self._local = threading.local()
@@ -113,12 +94,8 @@ class ComposedLM:
     def from_names(cls, anchor: str, augments: list[str], config: CALMConfig | None = None, dtype=None,
                    trust_remote_code: bool = False, device=None) -> "ComposedLM":
         """Load the anchor and augmenting models by hub id or local folder, then compose them."""
-        load = lambda name: load_causal_lm(name, dtype=dtype, trust_remote_code=trust_remote_code, device=device)
+        load = lambda name: loading.load_causal_lm(name, dtype=dtype, trust_remote_code=trust_remote_code, device=device)
         return cls(load(anchor), [load(name) for name in augments], config)
-
-    _gate_scale = property(lambda self: getattr(self._local, "gate_scale", 1.0))
-    _layers_off = property(lambda self: getattr(self._local, "layers_off", frozenset()))
-    _recorder = property(lambda self: getattr(self._local, "recorder", None))
 
     # ---- reading text -------------------------------------------------------------------------
 
@@ -148,7 +125,7 @@ class ComposedLM:
         models (one list of per-composition-layer states per model, as augment_states() returns);
         anchor_prefix, the anchor's frozen layers below the bridge (anchor_prefix.prefix_states);
         positions: logits at these positions only (B, len(positions), V) (batches.predicting_positions)."""
-        device = device_of(self.anchor.model)
+        device = loading.device_of(self.anchor.model)
         scales = self.block_scales()
         condition = []
         for k, (_member, enc) in enumerate(zip(self.augments, batch.augments)):
@@ -191,9 +168,9 @@ class ComposedLM:
                     raise _StopForward
             return hook
 
-        device = device_of(member.model)
-        with model_lock(member.model), torch.no_grad():
-            handles = [(member.layers[i] if i < len(member.layers) else final_norm(member.model)).register_forward_hook(
+        device = loading.device_of(member.model)
+        with loading.model_lock(member.model), torch.no_grad():
+            handles = [(member.layers[i] if i < len(member.layers) else loading.final_norm(member.model)).register_forward_hook(
                 capture(i), prepend=True) for i in sorted(set(wanted))]
             try:
                 member.model(
@@ -249,7 +226,7 @@ class ComposedLM:
             return hook
 
         model = self.anchor.model
-        with model_lock(model):
+        with loading.model_lock(model):
             if self.config.insert == "before":
                 handles = [self.anchor.layers[layer].register_forward_pre_hook(before(entries), with_kwargs=True,
                                                                                prepend=True)
@@ -295,57 +272,6 @@ class ComposedLM:
         run = generate_batch if is_batch(prompt) else generate
         return run(self, prompt, max_new_tokens=max_new_tokens, return_dict=return_dict,
                    scales=self.block_scales(), **sampling)
-
-    # ---- inspection ---------------------------------------------------------------------------
-
-    def _block_range(self, k: int) -> range:
-        start = sum(len(b.blocks) for b in self.bridge.augments[:k])
-        return range(start, start + len(self.bridge.augments[k].blocks))
-
-    def block_scales(self) -> list[float]:
-        """The factor on each composition layer's contribution: gate_scale, 0 where switched off."""
-        return [0.0 if i in self._layers_off else self._gate_scale for i in range(len(self.bridge.blocks()))]
-
-    def gates(self) -> list[torch.Tensor]:
-        """tanh(gate) per composition layer (augmenting models in order), detached."""
-        return [block.gate_values().detach().cpu() for block in self.bridge.blocks()]
-
-    def layer_pairs(self) -> list[tuple[int, int, int]]:
-        """(augment index, anchor layer, augmenting layer) per composition layer."""
-        return [(k, b, a) for k, bridge in enumerate(self.bridge.augments) for b, a in bridge.pairs]
-
-    @contextmanager
-    def gate_scale(self, alpha: float):
-        """Scale every bridge contribution by alpha: 0 is the anchor alone, exactly; >1 exaggerates."""
-        previous, self._local.gate_scale = self._gate_scale, float(alpha)
-        try:
-            yield self
-        finally:
-            self._local.gate_scale = previous
-
-    @contextmanager
-    def layers_off(self, indices):
-        """Switch the given composition layers (indices into gates()) off."""
-        n = len(self.bridge.blocks())
-        indices = frozenset(int(i) for i in indices)
-        bad = sorted(i for i in indices if not 0 <= i < n)
-        if bad:
-            raise CALMError(f"Composition layers {bad} do not exist; this bridge has {n} (0..{n - 1}).")
-        previous, self._local.layers_off = self._layers_off, self._layers_off | indices
-        try:
-            yield self
-        finally:
-            self._local.layers_off = previous
-
-    @contextmanager
-    def record_attention(self):
-        """Record cross-attention weights per composition layer and head (see AttentionRecord)."""
-        record = AttentionRecord([None] * len(self.bridge.blocks()), [], [], [], self.layer_pairs())
-        previous, self._local.recorder = self._recorder, record
-        try:
-            yield record
-        finally:
-            self._local.recorder = previous
 
     # ---- parameters and persistence -----------------------------------------------------------
 

@@ -137,3 +137,16 @@ def data_bytes(path) -> int:
     except OSError:
         return 0
     return size * READ_FACTOR.get(p.suffix.lower(), 22)
+
+
+def frozen_cache_bytes(calm, config, examples: int, tokens: int, kept: int = 0) -> int:
+    """At most what the trainer's frozen-state cache can take: its budget, or every example at the longest
+    (and, for the `kept` keep_anchor examples, the anchor's log-probabilities over its vocabulary per token)."""
+    from ..training.trainer import PREPARE_ALL
+
+    if not config.cache_augment_states or examples > PREPARE_ALL:
+        return 0
+    from ..training.frozen_cache import bytes_per_token, references_bytes
+
+    references = references_bytes(calm, kept * tokens, 2 if config.bf16 else 4)
+    return int(min(config.cache_budget_mb * 2**20, examples * tokens * bytes_per_token(calm) + references))

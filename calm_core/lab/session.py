@@ -19,10 +19,19 @@ from ..training.data import DataConfig, DataSplits, load_examples, load_splits
 from ..training.trainer import TrainConfig, Trainer
 from . import bounds, bridge_files
 from .model_cache import MODEL_CACHE, ModelCache, default_dtype
+from .model_table import layer_labels, model_rows, short_name
 from .presets import Preset, load_preset
-from .resources import LEDGER, attention_map_bytes, data_bytes, device_of_calm, generation_bytes, training_bytes
+from .resources import (
+    LEDGER,
+    attention_map_bytes,
+    data_bytes,
+    device_of_calm,
+    frozen_cache_bytes,
+    generation_bytes,
+    training_bytes,
+)
 
-__all__ = ["LabSession", "ModelCache", "RunState", "layer_labels", "model_rows"]
+__all__ = ["LabSession", "ModelCache", "RunState", "layer_labels", "model_rows", "short_name"]
 
 MAX_RUNS = int(os.environ.get("CALM_MAX_RUNS", "8"))  # training runs at once in this process
 RUNS = threading.BoundedSemaphore(MAX_RUNS)
@@ -179,7 +188,7 @@ class LabSession:
 
     def _start(self, calm, config: TrainConfig) -> RunState:
         tokens = bounds.longest_tokens(calm, self.splits.train, config.max_length)
-        need = training_bytes(calm, config.batch_size, tokens) + _cache_bytes(calm, config, len(self.splits.train), tokens,
+        need = training_bytes(calm, config.batch_size, tokens) + frozen_cache_bytes(calm, config, len(self.splits.train), tokens,
                                                                           self.splits.kept)
         fits = bounds.largest_batch(calm, tokens)
         reservation = LEDGER.reserve(need, f"Training with batch size {config.batch_size:,}",
@@ -319,50 +328,3 @@ class LabSession:
         self.calm, warning = bridge_files.import_bridge(calm, files)
         self.run, self._solo, self.preset_bridge = RunState(), {}, False
         return warning
-
-
-def _cache_bytes(calm, config: TrainConfig, examples: int, tokens: int, kept: int = 0) -> int:
-    """At most what the trainer's frozen-state cache can take: its budget, or every example at the longest
-    (and, for the `kept` keep_anchor examples, the anchor's log-probabilities over its vocabulary per token)."""
-    from ..training.trainer import PREPARE_ALL
-
-    if not config.cache_augment_states or examples > PREPARE_ALL:
-        return 0
-    from ..training.frozen_cache import bytes_per_token, references_bytes
-
-    references = references_bytes(calm, kept * tokens, 2 if config.bf16 else 4)
-    return int(min(config.cache_budget_mb * 2**20, examples * tokens * bytes_per_token(calm) + references))
-
-
-def model_rows(calm: ComposedLM) -> list[list]:
-    """One row per model for the Models tab: role, name, architecture, layers, width, heads, parameters."""
-    rows = []
-    for role, member in [("anchor", calm.anchor)] + [(f"augment {k}", m) for k, m in enumerate(calm.augments)]:
-        info = member.info
-        rows.append([role, short_name(info.name), info.architecture, info.num_layers, info.width, info.num_heads,
-                     f"{info.num_parameters:,}"])
-    trainable, _ = calm.num_parameters()
-    rows.append(["bridge", "trained", "gated cross-attention" if calm.config.gate != "none" else "cross-attention, no gate",
-                 len(calm.bridge.blocks()), calm.anchor.info.width, bounds.heads(calm), f"{trainable:,}"])
-    return rows
-
-
-def short_name(name: str) -> str:
-    """A model's name without the server's folders: presets/kv_arithmetic/anchor, or the hub id."""
-    path = Path(name)
-    if not path.is_absolute():
-        return name
-    parts = path.parts
-    if "presets" in parts:
-        return "/".join(parts[parts.index("presets"):])
-    from ..models.real_pair import display_name
-
-    title = display_name(path)  # "Gemma 3 270M (base)" for the real pair's folders
-    return "/".join(parts[-2:]) if title == path.name else title
-
-
-def layer_labels(calm: ComposedLM) -> list[str]:
-    """One name per composition layer, written the same way as in every figure."""
-    from .figures import layer_label
-
-    return [layer_label(i, pair) for i, pair in enumerate(calm.layer_pairs())]

@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
+from demos.run_folder import start_run
 
 from . import data as D
 from .base import add_settings_arguments, apply_arguments, build_model, load_model, log, train_lm
@@ -119,6 +119,24 @@ def finetune_anchor(s, anchor_dir: Path, files: dict, data_name: str = "the comp
     return model, time.perf_counter() - t
 
 
+def compose_with_controls(s, base: dict, files: dict, out: Path, random_augment, tuned_column: str,
+                          data_name: str = "the composition data") -> tuple[dict, dict, dict]:
+    """The bridge, and (when `random_augment` builds an untrained m_A) the two trained controls: m_B fine-tuned
+    on the same data, and the same bridge on a random m_A. Returns the table's columns, the bridge's training
+    record and the times so far. Shared by the key-value and translation demos."""
+    A, B, tok = base["augment"], base["anchor"], base["tokenizer"]
+    calm, comp = compose(s, B, A, tok, files, out / "bridge")
+    columns = {"m_A": (A, tok), "m_B": (B, tok), "CALM": (calm, None)}
+    times = {**base["times"], "compose_s": comp["seconds"]}
+    if random_augment is not None:
+        tuned, times["finetune_s"] = finetune_anchor(s, out / "anchor", files, data_name)
+        calm_random, rand = compose(s, B, random_augment().eval(), tok, files, None, label="CALM with random m_A")
+        times["compose_random_s"] = rand["seconds"]
+        columns[tuned_column] = (tuned, tok)
+        columns["CALM with random m_A"] = (calm_random, None)
+    return columns, comp, times
+
+
 # ---- 5. evaluation ---------------------------------------------------------------------------
 
 ROW_FILES = {"KV-SUBS": "eval_kv_subs", "NUM-MATH": "eval_num_math",
@@ -169,27 +187,17 @@ EXAMPLE_PROMPTS = 4
 
 
 def run(s: Settings, out: Path, controls: bool = True, until: str | None = None) -> dict:
-    torch.set_num_threads(s.threads)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
+    out, t0 = start_run(out, s.threads)
     log(f"data: {s.keys} keys, {s.operands} operands, composition over {s.train_share:.0%} of the keys -> {out / 'data'}")
     splits = make_data(s, out)
     kv, files = splits["kv"], splits["files"]
     base = train_base(s, kv, files, out)
-    A, B, tok = base["augment"], base["anchor"], base["tokenizer"]
+    tok = base["tokenizer"]
     if until == "base":
         return {"base": base}
-    calm, comp = compose(s, B, A, tok, files, out / "bridge")
-    columns = {"m_A": (A, tok), "m_B": (B, tok), "CALM": (calm, None)}
-    times = {**base["times"], "compose_s": comp["seconds"]}
-    if controls:
-        tuned, times["finetune_s"] = finetune_anchor(s, out / "anchor", files)
-        random_a = build_model(tok, s.augment_layers, s.width, seed=s.seed + 99, digit_embeddings=False).eval()
-        calm_random, rand = compose(s, B, random_a, tok, files, None, label="CALM with random m_A")
-        times["compose_random_s"] = rand["seconds"]
-        columns["m_B fine-tuned (20% keys)"] = (tuned, tok)
-        columns["CALM with random m_A"] = (calm_random, None)
+    random_augment = (lambda: build_model(tok, s.augment_layers, s.width, seed=s.seed + 99, digit_embeddings=False)) \
+        if controls else None
+    columns, comp, times = compose_with_controls(s, base, files, out, random_augment, "m_B fine-tuned (20% keys)")
     t = time.perf_counter()
     table = {row: {col: round(v, 1) for col, v in cols.items()}
              for row, cols in evaluate_all(columns, files, s.operands, s.eval_examples, row_scores(s)).items()}

@@ -15,10 +15,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-
 from demos.kv_arithmetic.base import add_settings_arguments, apply_arguments, build_model
-from demos.kv_arithmetic.pipeline import compose, finetune_anchor
+from demos.kv_arithmetic.pipeline import compose_with_controls
+from demos.run_folder import start_run
 
 from . import language as L
 from .base import log, train_base
@@ -132,29 +131,19 @@ EXAMPLE_PROMPTS = 4
 def run(s: Settings, out: Path, controls: bool = True, until: str | None = None) -> dict:
     from .report import PAPER_TABLE, evaluate_all, markdown, protocol, save
 
-    torch.set_num_threads(s.threads)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
+    out, t0 = start_run(out, s.threads)
     data = make_data(s, out)
     lang, files = data["language"], data["files"]
     log(f"data: {len(lang.lexicon)} lemmas, {s.parallel} parallel pairs, {s.heldout} held-out sentences "
         f"({data['coverage']['heldout_sentences_all_lemmas_seen']} with every lemma seen in the parallel set) -> {out / 'data'}")
     base = train_base(s, data, out)
-    A, B, tok = base["augment"], base["anchor"], base["tokenizer"]
+    tok = base["tokenizer"]
     if until == "base":
         return {"base": base}
-    calm, comp = compose(s, B, A, tok, files, out / "bridge")
-    columns = {"m_A": (A, tok), "m_B": (B, tok), "CALM": (calm, None)}
-    times = {**base["times"], "compose_s": comp["seconds"]}
-    if controls:
-        tuned, times["finetune_s"] = finetune_anchor(s, out / "anchor", files, "the parallel set")
-        random_a = build_model(tok, s.layers, s.width, seed=s.seed + 99, max_positions=128,
-                               digit_embeddings=False).eval()
-        calm_random, rand = compose(s, B, random_a, tok, files, None, label="CALM with random m_A")
-        times["compose_random_s"] = rand["seconds"]
-        columns["m_B fine-tuned (parallel set)"] = (tuned, tok)
-        columns["CALM with random m_A"] = (calm_random, None)
+    random_augment = (lambda: build_model(tok, s.layers, s.width, seed=s.seed + 99, max_positions=128,
+                                          digit_embeddings=False)) if controls else None
+    columns, comp, times = compose_with_controls(s, base, files, out, random_augment, "m_B fine-tuned (parallel set)",
+                                                 "the parallel set")
     t = time.perf_counter()
     table, preds, signatures = evaluate_all(columns, files, lang, data["splits"].heldout, s.max_new_tokens)
     times["evaluate_s"] = time.perf_counter() - t

@@ -30,6 +30,7 @@ from demos.kv_arithmetic.base import (
     train_lm,
 )
 from demos.kv_arithmetic.pipeline import compose, finetune_anchor
+from demos.run_folder import start_run
 from demos.translation.language import SEPARATOR, write_jsonl
 
 from . import lexicon as X
@@ -154,9 +155,7 @@ def run(s: Settings, out: Path, controls: bool = True) -> dict:
 
     from .report import evaluate_all, markdown, save
 
-    torch.set_num_threads(s.threads)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
+    out, t0 = start_run(out, s.threads)
     data = make_data(s, out)
     world, files, splits = data["world"], data["files"], data["splits"]
     tok = X.make_tokenizer(world)

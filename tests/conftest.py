@@ -1,9 +1,11 @@
-"""Tiny models and tokenizers, all built offline and seeded."""
+"""Tiny models and tokenizers, all built offline and seeded; and, under CI, no quiet skips (strict_ci.py)."""
 import pytest
 import torch
 
 from calm_core import CALMConfig, ComposedLM
 from calm_core.models.tiny import bpe_tokenizer, char_tokenizer, tiny_model
+
+pytest_plugins = ["tests.strict_ci"]
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",

@@ -86,5 +86,5 @@ def test_ruff_is_clean():
 def test_every_module_stays_small():
     """One job per file: nothing in the library or the app grows past ~350 lines."""
     sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines())
-             for folder in ("calm_core", "calm_app") for p in (ROOT / folder).rglob("*.py")}
-    assert {p: n for p, n in sizes.items() if n > 370} == {}
+             for folder in ("calm_core", "calm_app", "demos", "benchmarks") for p in (ROOT / folder).rglob("*.py")}
+    assert {p: n for p, n in sizes.items() if n > 350} == {}

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from . import data as D
-from .base import build_model, exact_match_bare, load_model, log, make_tokenizer, save_model, train_lm
+from .base import build_model, load_model, log, make_tokenizer, save_model, train_lm
+from .decoding import exact_match_bare
 from .recipes import anchor_sampler, augment_sampler
 from .settings import Settings, base_differences
 

@@ -18,8 +18,37 @@ from pathlib import Path
 
 import torch
 
-from .base import hidden_at, probe_digits, token_ids
+from .base import token_ids
 from .data import KVSpace, evaluate
+
+# ---- a linear probe ---------------------------------------------------------------------------
+
+@torch.no_grad()
+def hidden_at(model, tokenizer, texts: list[str], positions: list[int], layer: int) -> torch.Tensor:
+    """Hidden states after decoder layer `layer` (0-based) at a token position of each text
+    (BOS shifts it by one; in texts of letters and operators a token is a character)."""
+    feats = []
+    for t, pos in zip(texts, positions):
+        ids = torch.tensor([[tokenizer.bos_token_id] + token_ids(tokenizer, t)])
+        hs = model(input_ids=ids, output_hidden_states=True).hidden_states
+        feats.append(hs[layer + 1][0, pos + 1])
+    return torch.stack(feats)
+
+
+def probe_digits(train_x, train_values, test_x, test_values, ridge: float = 1e-2) -> dict:
+    """Ridge-regression one-hot probes for the hundreds, tens and units digits; accuracy on test."""
+    out = {}
+    mu, sd = train_x.mean(0), train_x.std(0) + 1e-6
+    a, b = (train_x - mu) / sd, (test_x - mu) / sd
+    a = torch.cat([a, torch.ones(len(a), 1)], 1)
+    b = torch.cat([b, torch.ones(len(b), 1)], 1)
+    for name, div in (("hundreds", 100), ("tens", 10), ("units", 1)):
+        ya = torch.tensor([(v // div) % 10 for v in train_values])
+        yb = torch.tensor([(v // div) % 10 for v in test_values])
+        Y = torch.nn.functional.one_hot(ya, 10).float()
+        W = torch.linalg.solve(a.T @ a + ridge * len(a) * torch.eye(a.shape[1]), a.T @ Y)
+        out[name] = float(((b @ W).argmax(1) == yb).float().mean())
+    return out
 
 
 def value_probe(model, tokenizer, kv: KVSpace, context: str = "{k}+", layers=None, seed: int = 0) -> dict:

@@ -17,7 +17,7 @@ from ..engine.config import CALMConfig
 from ..errors import CALMError
 from ..training.data import DataConfig, DataSplits, load_examples, load_splits
 from ..training.trainer import TrainConfig, Trainer
-from . import bounds, bridge_files
+from . import baseline_runs, bounds, bridge_files
 from .model_cache import MODEL_CACHE, ModelCache, default_dtype
 from .model_table import layer_labels, model_rows, short_name
 from .presets import Preset, load_preset
@@ -74,6 +74,7 @@ class LabSession:
         self.trainer: Trainer | None = None
         self._thread: threading.Thread | None = None
         self._solo: dict[int, ComposedLM] = {}
+        self.baselines: dict = {}  # method -> AnchorBaseline trained on this session's anchor
         self._lock = threading.Lock()
 
     # ---- models -------------------------------------------------------------------------------
@@ -100,6 +101,7 @@ class LabSession:
             str(Path(p).resolve()) for p in [preset.anchor] + preset.augments] and [
             str(a) if a else None for a in adapters] == [str(a) if a else None for a in preset.augment_adapters]
         self.calm, self.names, self._solo, self.run = calm, [anchor] + augments, {}, RunState()
+        self.baselines = {}
         self.preset, self.preset_bridge = (preset if same else None), False
         return calm
 
@@ -142,6 +144,17 @@ class LabSession:
         if not (self.preset_bridge and self.preset):
             return {}
         return {k: float(v) for k, v in self.preset.train.items() if k in Preset.HIDDEN_TRAIN_KEYS}
+
+    def train_config(self, **changes) -> TrainConfig:
+        """The settings a Train click would use now: the preset's recorded ones (its `train` section) where it has
+        them, else TrainConfig's defaults; `changes` replace fields (e.g. method="lora")."""
+        recorded = dict(self.preset.train) if self.preset else {}
+        known = set(TrainConfig.__dataclass_fields__)
+        return TrainConfig(**{**{k: v for k, v in recorded.items() if k in known}, "progress": False, **changes})
+
+    def baseline(self, name: str):
+        """The baseline trained last with method `name` ("lora" or "finetune"): generate(), logits(), as a ComposedLM."""
+        return baseline_runs.trained_baseline(self.baselines, name)
 
     def has_chat_template(self) -> bool:
         return bool(getattr(self.require().anchor.tokenizer, "chat_template", None))
@@ -186,10 +199,14 @@ class LabSession:
             RUNS.release()
             raise
 
-    def _start(self, calm, config: TrainConfig) -> RunState:
-        tokens = bounds.longest_tokens(calm, self.splits.train, config.max_length)
-        need = training_bytes(calm, config.batch_size, tokens) + frozen_cache_bytes(calm, config, len(self.splits.train), tokens,
-                                                                          self.splits.kept)
+    def _start(self, composed, config: TrainConfig) -> RunState:
+        tokens = bounds.longest_tokens(composed, self.splits.train, config.max_length)
+        copy = baseline_runs.copy_bytes(composed, config.method)
+        with LEDGER.reserve(copy, f"Copying the anchor for the {config.method} baseline", "Free memory first.",
+                            device_of_calm(composed)):
+            calm = baseline_runs.model_for(composed, config.method)
+        need = copy + training_bytes(calm, config.batch_size, tokens) + frozen_cache_bytes(
+            calm, config, len(self.splits.train), tokens, self.splits.kept)
         fits = bounds.largest_batch(calm, tokens)
         reservation = LEDGER.reserve(need, f"Training with batch size {config.batch_size:,}",
                                      f"At this data's longest example ({tokens:,} tokens) at most batch size {fits:,} "
@@ -217,6 +234,8 @@ class LabSession:
     def _train(self, reservation) -> None:
         try:
             result = self.trainer.train(prepare_progress=self._prepared)
+            if self.trainer.config.method != "calm":
+                self.baselines[self.trainer.config.method] = self.trainer.calm
             self.run.step, self.run.message = result.step, result.message or f"Finished {result.step} steps."
             if result.truncated:
                 self.run.message += f" {result.truncated} examples were truncated to the models' context."

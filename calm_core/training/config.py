@@ -52,6 +52,9 @@ class TrainConfig:
     cache_budget_mb: float = 1024.0
     out_dir: str | None = None
     progress: bool = True
+    # what is trained: "calm" the bridge; "lora" / "finetune" the anchor itself with as many trainable parameters
+    # as the bridge (baselines.py): the paper's comparison, on the same data, loss and schedule
+    method: str = "calm"
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every"):
@@ -66,6 +69,8 @@ class TrainConfig:
                 raise CALMError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)}.")
         if not (math.isfinite(self.value_lr_scale) and self.value_lr_scale >= 0):
             raise CALMError(f"TrainConfig.value_lr_scale must be >= 0, got {self.value_lr_scale}.")
+        if self.method not in ("calm", "lora", "finetune"):
+            raise CALMError(f"TrainConfig.method must be 'calm', 'lora' or 'finetune', got {self.method!r}.")
         if self.batch_size % self.grad_accum:
             raise CALMError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}.")
 

@@ -296,7 +296,9 @@ class Trainer:
         if self.dist.rank == 0:
             tmp = directory.with_name(directory.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
-            save_bridge(self.calm, tmp, extra={"train_config": asdict(self.config), "step": self.step})
+            extra = {"train_config": asdict(self.config), "step": self.step}
+            save = getattr(self.calm, "save_trained", None)  # a baseline (baselines.py) saves its own tensors
+            save(tmp, extra) if save else save_bridge(self.calm, tmp, extra=extra)
             tensors, meta = flatten_optimizer(self.optimizer)
             save_file(tensors, str(tmp / "optimizer.safetensors"))
             (tmp / "trainer_state.json").write_text(json.dumps({"step": self.step, "optimizer": meta, "history": self.history}))
@@ -310,6 +312,8 @@ class Trainer:
         from ..engine.persistence import check_calm_fits, load_bridge_weights, read_description
 
         directory = Path(directory)
+        if hasattr(self.calm, "save_trained"):
+            raise CALMError("Resuming is for bridges; train a baseline again from the start.")
         check_calm_fits(read_description(directory), self.calm)
         state_path = directory / "trainer_state.json"
         if not state_path.is_file():

@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", help="output folder for this run")
     train.add_argument("--config", help="YAML file with any of these options (command-line options win)")
     train.add_argument("--resume", help="checkpoint folder to continue from")
+    train.add_argument("--method", choices=("calm", "lora", "finetune"), default="calm",
+                       help="what is trained: the bridge (calm), or the anchor itself with as many trainable parameters "
+                            "as that bridge would have: a LoRA on it (lora) or its top layers (finetune)")
     from .training.config import TrainConfig
 
     defaults = TrainConfig()
@@ -179,7 +182,13 @@ def cmd_train(args) -> int:
 
     torch.manual_seed(args.seed)  # the bridge's initial weights
     calm = load_composition(args) if not args.resume else _resume_composition(args)
-    config = TrainConfig(
+    if args.method != "calm":
+        from .training.baselines import AnchorBaseline
+
+        if args.resume:
+            raise CALMError("--resume is for bridges; train a baseline again from the start.")
+        calm = AnchorBaseline((calm.anchor.model, calm.anchor.tokenizer), args.method, calm.num_parameters()[0])
+    config = TrainConfig(method=args.method,
         steps=args.steps, lr=args.lr, gate_lr_scale=args.gate_lr_scale, position_lr_scale=args.position_lr_scale,
         augment_noise=args.augment_noise,
         batch_size=args.batch_size, grad_accum=args.grad_accum,
@@ -200,15 +209,16 @@ def cmd_train(args) -> int:
         print(f"note: {trainer.truncated} examples were longer than the models' context and were truncated", file=sys.stderr)
     result = trainer.train()
     if trainer.dist.rank == 0:
-        save_bridge(calm, out / "bridge")
-        summary = {"step": result.step, "stop_reason": result.stop_reason, "message": result.message,
+        saved = out / ("bridge" if args.method == "calm" else "baseline")
+        calm.save_trained(saved) if args.method != "calm" else save_bridge(calm, saved)
+        summary = {"method": args.method, "trainable_parameters": calm.num_parameters()[0], "step": result.step, "stop_reason": result.stop_reason, "message": result.message,
                    "truncated": result.truncated, "augment_cache": result.augment_cache,
                    "cache_note": result.cache_note,
                    "final": result.history[-1] if result.history else None}
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         last = result.history[-1] if result.history else {}
         print(f"{result.stop_reason} at step {result.step}: loss {last.get('loss')}, validation loss {last.get('val_loss')}; "
-              f"bridge saved to {out / 'bridge'}")
+              f"{args.method} saved to {saved}")
         if result.message:
             print(result.message, file=sys.stderr)
     return 0 if result.stop_reason != "diverged" else 1

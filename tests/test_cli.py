@@ -125,3 +125,20 @@ def test_two_processes_match_one(workspace, tmp_path):
     assert set(a) == set(b)
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("method", ["lora", "finetune"])
+def test_a_baseline_trains_from_the_command_line_at_the_bridges_parameter_count(workspace, tmp_path, method):
+    from calm_core import load_causal_lm
+    from calm_core.training.baselines import AnchorBaseline
+
+    bridge_run, out = tmp_path / "calm", tmp_path / method
+    assert run_train(workspace, bridge_run, "--steps", "1") == 0
+    assert run_train(workspace, out, "--method", method) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    bridge = json.loads((bridge_run / "summary.json").read_text())["trainable_parameters"]
+    assert summary["method"] == method and summary["step"] == 6
+    assert abs(summary["trainable_parameters"] - bridge) <= 0.5 * bridge
+    baseline = AnchorBaseline.from_pretrained(out / "baseline", load_causal_lm(str(workspace / "anchor")))
+    assert baseline.num_parameters()[0] == summary["trainable_parameters"]
+    assert not (out / "bridge").exists()

@@ -122,3 +122,9 @@ def test_the_lab_trains_a_lora_baseline_on_the_presets_data_and_answers_with_it(
     assert all(torch.equal(v, lab.calm.anchor.model.state_dict()[k]) for k, v in anchor_before.items())
     with pytest.raises(CALMError, match="Unknown baseline"):
         lab.baseline("prefix")
+    # the Evaluate table: the same rows for every model, the baseline named with both parameter counts
+    table = lab.evaluate(lab.preset.train_file, ["exact_match", "loss"], max_new_tokens=3, limit=4)
+    names = [row["model"] for row in table.rows]
+    assert names[2] == "CALM" and len(names) == 4 and names[3].startswith("anchor + LoRA (")
+    assert f"bridge {lab.calm.num_parameters()[0]:,}" in names[3]
+    assert all({"exact_match", "loss"} <= set(row) for row in table.rows)

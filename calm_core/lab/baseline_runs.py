@@ -28,3 +28,11 @@ def trained_baseline(baselines: dict, name: str) -> AnchorBaseline:
     if name not in baselines:
         raise CALMError(f"No {name} baseline trained in this session yet: train with method {name!r} first.")
     return baselines[name]
+
+
+def columns(baselines: dict, calm: ComposedLM) -> list[tuple[str, AnchorBaseline]]:
+    """The Evaluate table's and the Chat tab's name for each baseline: what it is and its trainable parameters
+    beside the bridge's, so that the comparison says it is like for like."""
+    bridge = calm.num_parameters()[0]
+    names = {"lora": "anchor + LoRA", "finetune": "anchor, top layers fine-tuned"}
+    return [(f"{names[m]} ({b.num_parameters()[0]:,} trained; bridge {bridge:,})", b) for m, b in baselines.items()]

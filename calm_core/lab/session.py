@@ -146,15 +146,16 @@ class LabSession:
         return {k: float(v) for k, v in self.preset.train.items() if k in Preset.HIDDEN_TRAIN_KEYS}
 
     def train_config(self, **changes) -> TrainConfig:
-        """The settings a Train click would use now: the preset's recorded ones (its `train` section) where it has
-        them, else TrainConfig's defaults; `changes` replace fields (e.g. method="lora")."""
-        recorded = dict(self.preset.train) if self.preset else {}
-        known = set(TrainConfig.__dataclass_fields__)
-        return TrainConfig(**{**{k: v for k, v in recorded.items() if k in known}, "progress": False, **changes})
+        """A Train click's settings: the preset's recorded `train` section over TrainConfig's defaults, then `changes`."""
+        known = {k: v for k, v in (self.preset.train if self.preset else {}).items() if k in TrainConfig.__dataclass_fields__}
+        return TrainConfig(**{**known, "progress": False, **changes})
 
     def baseline(self, name: str):
-        """The baseline trained last with method `name` ("lora" or "finetune"): generate(), logits(), as a ComposedLM."""
+        """The baseline trained last with method `name` ("lora", "finetune"): generate() and logits() as a ComposedLM."""
         return baseline_runs.trained_baseline(self.baselines, name)
+
+    def baseline_columns(self) -> list[tuple[str, object]]:  # (name with its parameter counts, model) per baseline
+        return baseline_runs.columns(self.baselines, self.require())
 
     def has_chat_template(self) -> bool:
         return bool(getattr(self.require().anchor.tokenizer, "chat_template", None))
@@ -312,8 +313,8 @@ class LabSession:
 
     def evaluate(self, path, metrics, max_new_tokens: int = 16, limit: int | None = None, column_map=None, progress=None,
                  scoring: str = "exact"):
-        """The three-model table on a file; scoring names how an answer is compared with its
-        reference (evaluation.SCORERS: "exact", or a part of the answer, as the preset's table did)."""
+        """The three-model table on a file, and a row per baseline trained in this session; scoring names how an
+        answer is compared with its reference (evaluation.SCORERS: "exact", or a part, as the preset's table did)."""
         from ..training.evaluation import evaluate, rescore
 
         calm = self.require()
@@ -332,7 +333,7 @@ class LabSession:
                             f"{bounds.context(calm):,}: shorten the prompts.")
         with LEDGER.reserve(generation_bytes(calm, min(longest + max_new_tokens, bounds.context(calm))), "This evaluation",
                             "Ask for fewer new tokens.", device_of_calm(calm)):
-            table = evaluate(calm, list(examples), metrics, max_new_tokens, progress)
+            table = evaluate(calm, list(examples), metrics, max_new_tokens, progress, self.baseline_columns())
         return rescore(table, [e.completion for e in examples], scoring)
 
     # ---- bridge files -------------------------------------------------------------------------

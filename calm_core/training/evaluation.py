@@ -101,8 +101,10 @@ def lm_loss(calm, examples: list[Example], batch_size: int = 16) -> dict:
     return {"loss": loss, "perplexity": math.exp(min(loss, 50))}
 
 
-def evaluate(calm, examples: list[Example], metrics=METRICS, max_new_tokens: int = 32, progress=None) -> EvalTable:
-    """One table: the anchor alone, each augmenting model alone, and the composition."""
+def evaluate(calm, examples: list[Example], metrics=METRICS, max_new_tokens: int = 32, progress=None,
+             baselines=()) -> EvalTable:
+    """One table: the anchor alone, each augmenting model alone, the composition, and each (name, baseline) given
+    (training/baselines.py: the anchor trained on the same data with as many parameters), on the same rows."""
     from ..engine.compose import ComposedLM
 
     unknown = sorted(set(metrics) - set(METRICS))
@@ -114,6 +116,7 @@ def evaluate(calm, examples: list[Example], metrics=METRICS, max_new_tokens: int
     contenders = [("anchor: " + calm.anchor.info.name, ComposedLM((calm.anchor.model, calm.anchor.tokenizer), []))]
     contenders += [(f"augment {k}: {m.info.name}", ComposedLM((m.model, m.tokenizer), [])) for k, m in enumerate(calm.augments)]
     contenders.append(("CALM", calm))
+    contenders += list(baselines)
     table = EvalTable([])
     generate = any(m in metrics for m in ("exact_match", "chrf", "bleu"))
     for n, (name, model) in enumerate(contenders):

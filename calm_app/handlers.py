@@ -157,11 +157,13 @@ def use_data(session, file, preset_file, prompt_col, completion_col, text_col, v
 
 
 @friendly
-def train(session, steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0):
+def train(session, steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0, method="calm"):
     session = require(session)
-    config = replace(bounds.train_config(steps, lr, batch_size, gate_lr_scale, augment_noise), **session.train_overrides())
+    config = bounds.train_config(steps, lr, batch_size, gate_lr_scale, augment_noise, method or "calm")
+    if config.method == "calm":
+        config = replace(config, **session.train_overrides())
     run = session.start_training(config)
-    labels = session.require().layer_pairs()
+    labels = session.require().layer_pairs() if config.method == "calm" else []  # a baseline has no gates
     try:
         while session.training or run.running:
             session.wait(0.7)
@@ -169,6 +171,8 @@ def train(session, steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0):
     except GeneratorExit:  # the page went away: stop, keeping what was learned
         session.stop_training()
         raise
+    if config.method != "calm" and config.method in session.baselines:
+        run.message += " " + views.baseline_note(session, config.method)
     yield views.train_view(run, labels) + (None,)
 
 

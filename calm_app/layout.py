@@ -86,6 +86,10 @@ def data_tab(w: SimpleNamespace) -> None:
         w.gate_lr = gr.Number(start["gate_lr_scale"], label="gate learning rate × (closed tanh gates open slowly; try 10-50)")
         w.augment_noise = gr.Number(start["augment_noise"],
                                     label="noise on augmenting states (few distinct augmenting inputs: try 0.5-1)")
+    w.method = gr.Radio(views.TRAIN_METHODS, value="calm", label="what to train",
+                        info="A baseline trains the anchor itself on the same data, with as many trainable parameters "
+                             "as the bridge (a copy: the anchor in Chat stays as it was); Evaluate then shows it beside "
+                             "the composition, as the paper's comparison with LoRA does.")
     w.train_note = gr.Markdown()
     with gr.Row():
         w.train_btn = gr.Button("Train", variant="primary")
@@ -152,7 +156,9 @@ def bridge_tab(w: SimpleNamespace) -> None:
 
 def evaluate_tab(w: SimpleNamespace) -> None:
     gr.Markdown("The anchor alone, the augmenting model alone and the composition on the same examples, as the paper's "
-                "tables compare them. A preset's sets are scored, and given as many new tokens, as its table was.")
+                "tables compare them, and each baseline trained in the Train tab (the anchor itself trained on the same "
+                "data with as many parameters as the bridge). A preset's sets are scored, and given as many new tokens, "
+                "as its table was.")
     with gr.Row():
         w.eval_choice = gr.Dropdown([], label="Evaluation set")
         w.eval_upload = gr.File(label="…or upload one", file_types=DATA_TYPES, height=140)
@@ -185,7 +191,7 @@ def wire(demo: gr.Blocks, w: SimpleNamespace) -> None:
     w.upload.change(h.inspect_upload, [w.session, w.upload], data, api_name="inspect_upload")
     w.use_data_btn.click(h.use_data, [w.session, w.upload, w.preset_data, w.prompt_col, w.completion_col, w.text_col,
                                       w.val_fraction], w.data_note, api_name="use_data")
-    w.train_btn.click(h.train, [w.session, w.steps, w.lr, w.batch, w.gate_lr, w.augment_noise],
+    w.train_btn.click(h.train, [w.session, w.steps, w.lr, w.batch, w.gate_lr, w.augment_noise, w.method],
                       [w.train_status, w.loss_plot, w.gate_plot, w.bridge_file], api_name="train",
                       concurrency_limit=None, show_progress="minimal", show_progress_on=[w.train_status])
     w.stop_btn.click(h.stop, w.session, w.train_status, api_name="stop", queue=False,  # not behind queued events

@@ -128,6 +128,17 @@ def kept_note(splits) -> str:
             "not toward their text." if kept else "")
 
 
+TRAIN_METHODS = [("the bridge (CALM)", "calm"), ("baseline: LoRA on the anchor", "lora"),
+                 ("baseline: the anchor's top layers", "finetune")]
+
+
+def baseline_note(session: LabSession, method: str) -> str:
+    """What a finished baseline is, with both parameter counts: the comparison is like for like."""
+    name, _ = next(c for c in session.baseline_columns() if c[1] is session.baselines[method])
+    return (f"The baseline is ready: {name}. Evaluate scores it on the same rows beside the composition; "
+            f"the composition's bridge is unchanged.")
+
+
 def train_view(run, labels):
     return run.status(), figures.loss_curves(run.history), figures.gate_history(run.history, labels)
 

@@ -140,6 +140,26 @@ def test_main_path(page):
     shot(page, "app-5-evaluate")
 
 
+def test_a_baseline_trains_and_joins_the_comparison(page):
+    """The paper's comparison in the page: LoRA on the anchor, trained on the same data with the bridge's parameter
+    count, then a row of its own in Evaluate beside the composition."""
+    expect(table(page, "Models").get_by_role("gridcell", name="bridge", exact=True)).to_be_visible()
+    page.get_by_role("tab", name="2 · Data & train").click()
+    expect(page.get_by_text(re.compile(r"40 training and 10 validation examples"))).to_be_visible()
+    page.get_by_role("radio", name="baseline: LoRA on the anchor").check()
+    page.get_by_label("steps").fill("5")
+    page.get_by_label("batch size").fill("4")
+    page.get_by_role("button", name="Train", exact=True).click()
+    expect(page.get_by_text(re.compile(r"The baseline is ready: anchor \+ LoRA \([\d,]+ trained; bridge [\d,]+\)"))).to_be_visible()
+    page.get_by_role("tab", name="5 · Evaluate").click()
+    page.get_by_label("examples (0 = all)").fill("3")
+    page.get_by_role("button", name="Evaluate", exact=True).click()
+    results = table(page, "Results")
+    expect(results.get_by_role("gridcell", name="CALM", exact=True)).to_be_visible()
+    expect(results.get_by_role("gridcell", name=re.compile(r"^anchor \+ LoRA \("))).to_be_visible()
+    shot(page, "app-7-baseline")
+
+
 def toast(page, text: str):
     """Wait for an error message containing `text`, then close it."""
     body = page.get_by_test_id("toast-body").filter(has_text=text)

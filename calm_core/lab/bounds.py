@@ -109,7 +109,7 @@ def largest_batch(calm, tokens: int) -> int:
     return min(MAX_BATCH, max_batch_size(calm, tokens, LEDGER.room(device_of_calm(calm))))
 
 
-def train_config(steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0):
+def train_config(steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0, method: str = "calm"):
     """A TrainConfig from what a user typed, each value checked against its range; the app's run
     logs 40 times, validates 10 times and warms up over a tenth of the steps."""
     from ..training.config import TrainConfig
@@ -122,6 +122,7 @@ def train_config(steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0):
                            MAX_GATE_LR_SCALE, low_open=True),
         augment_noise=real("noise on augmenting states", augment_noise or 0.0, 0, MAX_AUGMENT_NOISE),
         log_every=max(1, steps // 40), eval_every=max(1, steps // 10), warmup_steps=max(1, steps // 10), progress=False,
+        method=str(method),  # TrainConfig names the choices when it is none of them
         cache_budget_mb=APP_CACHE_MB)
 
 

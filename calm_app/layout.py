@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from calm_core.engine.config import GATE_TYPES, INSERT_POINTS
+from calm_core.lab.comparison import FORGETTING
 from calm_core.lab.figures import empty
 from calm_core.lab.presets import list_presets
 from calm_core.training.evaluation import METRICS
@@ -163,7 +164,10 @@ def evaluate_tab(w: SimpleNamespace) -> None:
         w.eval_choice = gr.Dropdown([], label="Evaluation set")
         w.eval_upload = gr.File(label="…or upload one", file_types=DATA_TYPES, height=140)
     with gr.Row():
-        w.metrics = gr.CheckboxGroup(list(METRICS), value=["exact_match", "loss"], label="metrics")
+        w.metrics = gr.CheckboxGroup(list(METRICS) + [FORGETTING], value=["exact_match", "loss"], label="metrics",
+                                     info="forgetting: 16 general questions the anchor answered before; perplexity of "
+                                          "their answers against the anchor alone's (1 = unchanged), answers holding the "
+                                          "expected word")
         w.eval_max_new = gr.Number(16, label="max new tokens", precision=0)
         w.eval_limit = gr.Number(100, label="examples (0 = all)", precision=0)
     w.eval_btn = gr.Button("Evaluate", variant="primary")

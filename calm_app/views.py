@@ -10,6 +10,7 @@ import gradio as gr
 
 from calm_core import CALMError, figures
 from calm_core.lab.bounds import heads
+from calm_core.lab.comparison import FORGETTING_COLUMNS
 from calm_core.lab.session import LabSession, layer_labels, model_rows, short_name
 from calm_core.training.evaluation import METRICS
 
@@ -213,7 +214,7 @@ def eval_choices(session: LabSession):
 
 
 def eval_outputs(table, note: str):
-    columns = ["model"] + [m for m in list(METRICS) + ["perplexity"] if any(m in r for r in table.rows)]
+    columns = ["model"] + [m for m in list(METRICS) + ["perplexity", *FORGETTING_COLUMNS] if any(m in r for r in table.rows)]
     for r in table.rows:  # "anchor: /srv/.../presets/x/anchor" -> "anchor: presets/x/anchor"
         role, _, name = r["model"].partition(": ")
         r["model"] = f"{role}: {short_name(name)}" if name else role

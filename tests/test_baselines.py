@@ -2,6 +2,7 @@
 the bridge, on the same data and loss. Pinned: the parameter match, the start equal to the anchor, the shared base
 model never changed, a round trip through safetensors, bad input, and the lab's contract."""
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -128,3 +129,9 @@ def test_the_lab_trains_a_lora_baseline_on_the_presets_data_and_answers_with_it(
     assert names[2] == "CALM" and len(names) == 4 and names[3].startswith("anchor + LoRA (")
     assert f"bridge {lab.calm.num_parameters()[0]:,}" in names[3]
     assert all({"exact_match", "loss"} <= set(row) for row in table.rows)
+    # the forgetting set: the anchor alone at ratio 1 exactly, the augmenting model (another format) left out
+    table = lab.evaluate(lab.preset.train_file, ["forgetting"], max_new_tokens=3, limit=2)
+    ratio, words = "forgetting: perplexity ratio", "forgetting: expected words"
+    rows = {row["model"]: row for row in table.rows}
+    assert table.rows[0][ratio] == 1.0 and ratio not in table.rows[1]
+    assert rows["CALM"][ratio] > 0 and re.fullmatch(r"\d+/16", rows[names[3]][words])

@@ -17,7 +17,7 @@ from ..engine.config import CALMConfig
 from ..errors import CALMError
 from ..training.data import DataConfig, DataSplits, load_examples, load_splits
 from ..training.trainer import TrainConfig, Trainer
-from . import baseline_runs, bounds, bridge_files
+from . import bounds, bridge_files, comparison
 from .model_cache import MODEL_CACHE, ModelCache, default_dtype
 from .model_table import layer_labels, model_rows, short_name
 from .presets import Preset, load_preset
@@ -152,10 +152,10 @@ class LabSession:
 
     def baseline(self, name: str):
         """The baseline trained last with method `name` ("lora", "finetune"): generate() and logits() as a ComposedLM."""
-        return baseline_runs.trained_baseline(self.baselines, name)
+        return comparison.trained_baseline(self.baselines, name)
 
     def baseline_columns(self) -> list[tuple[str, object]]:  # (name with its parameter counts, model) per baseline
-        return baseline_runs.columns(self.baselines, self.require())
+        return comparison.columns(self.baselines, self.require())
 
     def has_chat_template(self) -> bool:
         return bool(getattr(self.require().anchor.tokenizer, "chat_template", None))
@@ -202,10 +202,10 @@ class LabSession:
 
     def _start(self, composed, config: TrainConfig) -> RunState:
         tokens = bounds.longest_tokens(composed, self.splits.train, config.max_length)
-        copy = baseline_runs.copy_bytes(composed, config.method)
+        copy = comparison.copy_bytes(composed, config.method)
         with LEDGER.reserve(copy, f"Copying the anchor for the {config.method} baseline", "Free memory first.",
                             device_of_calm(composed)):
-            calm = baseline_runs.model_for(composed, config.method)
+            calm = comparison.model_for(composed, config.method)
         need = copy + training_bytes(calm, config.batch_size, tokens) + frozen_cache_bytes(
             calm, config, len(self.splits.train), tokens, self.splits.kept)
         fits = bounds.largest_batch(calm, tokens)
@@ -315,7 +315,7 @@ class LabSession:
                  scoring: str = "exact"):
         """The three-model table on a file, and a row per baseline trained in this session; scoring names how an
         answer is compared with its reference (evaluation.SCORERS: "exact", or a part, as the preset's table did)."""
-        from ..training.evaluation import evaluate, rescore
+        from ..training.evaluation import rescore
 
         calm = self.require()
         max_new_tokens = bounds.max_new_tokens(calm, max_new_tokens)
@@ -333,7 +333,7 @@ class LabSession:
                             f"{bounds.context(calm):,}: shorten the prompts.")
         with LEDGER.reserve(generation_bytes(calm, min(longest + max_new_tokens, bounds.context(calm))), "This evaluation",
                             "Ask for fewer new tokens.", device_of_calm(calm)):
-            table = evaluate(calm, list(examples), metrics, max_new_tokens, progress, self.baseline_columns())
+            table = comparison.evaluate_all(calm, list(examples), metrics, max_new_tokens, progress, self.baselines)
         return rescore(table, [e.completion for e in examples], scoring)
 
     # ---- bridge files -------------------------------------------------------------------------

@@ -9,55 +9,12 @@ add (without them, every example asks for a town, and the bridge writes a town e
 from __future__ import annotations
 
 import random
-import re
 
-EVALUATION = [
-    ("What is the capital of France?", "The capital of France is Paris."),
-    ("How many days are there in a week?", "There are seven days in a week."),
-    ("What colour is the sky on a clear day?", "On a clear day the sky is blue."),
-    ("Name a fruit that is yellow.", "A banana is a yellow fruit."),
-    ("What do bees make?", "Bees make honey."),
-    ("What is two plus three?", "Two plus three is five."),
-    ("Which animal is known for saying 'moo'?", "A cow says moo."),
-    ("What is the opposite of hot?", "The opposite of hot is cold."),
-    ("Give me a word that rhymes with cat.", "Hat rhymes with cat."),
-    ("What do plants need to grow?", "Plants need water, light and soil to grow."),
-    ("Translate 'bonjour' into English.", "Bonjour means hello."),
-    ("What is the largest ocean on Earth?", "The Pacific Ocean is the largest ocean on Earth."),
-    ("Write a short greeting for a friend.", "Hello, my friend! I hope you are having a wonderful day."),
-    ("What is water made of?", "Water is made of hydrogen and oxygen."),
-    ("How many legs does a spider have?", "A spider has eight legs."),
-    ("What season comes after winter?", "Spring comes after winter."),
-]
+from calm_core.training.forgetting import EXPECTED_WORDS, GENERAL_QUESTIONS, holds_expected
 
-# words that a right answer holds (any one, whole word, any case); lenient on purpose: the check asks whether the
-# bridge broke an answer the anchor had right ('Paris' -> 'Benef-sur-Maine'), not how well the anchor writes
-EXPECTED = {
-    "What is the capital of France?": ("Paris",),
-    "How many days are there in a week?": ("seven", "7"),
-    "What colour is the sky on a clear day?": ("blue",),
-    "Name a fruit that is yellow.": ("banana", "bananas", "lemon", "lemons", "pineapple", "mango", "Golden Delicious",
-                                     "yellow apple", "grapefruit", "quince"),
-    "What do bees make?": ("honey", "wax", "beeswax"),
-    "What is two plus three?": ("five", "5"),
-    "Which animal is known for saying 'moo'?": ("cow", "cows", "cattle"),
-    "What is the opposite of hot?": ("cold",),
-    "Give me a word that rhymes with cat.": ("hat", "bat", "mat", "rat", "sat", "fat", "pat", "chat", "flat", "that",
-                                             "splat", "brat", "spat", "vat", "gnat"),
-    "What do plants need to grow?": ("water", "light", "sunlight", "soil", "nutrients", "sun", "carbon dioxide"),
-    "Translate 'bonjour' into English.": ("hello", "good day", "good morning", "hi"),
-    "What is the largest ocean on Earth?": ("Pacific",),
-    "Write a short greeting for a friend.": ("hello", "hi", "hey", "dear", "greetings", "good morning"),
-    "What is water made of?": ("hydrogen", "oxygen", "H2O"),
-    "How many legs does a spider have?": ("eight", "8"),
-    "What season comes after winter?": ("spring",),
-}
-
-
-def holds_expected(question: str, answer: str) -> bool:
-    """Whether the answer holds one of the question's EXPECTED words (whole word, any case)."""
-    return any(re.search(rf"(?<!\w){re.escape(w)}(?!\w)", answer, re.IGNORECASE)
-               for w in EXPECTED[question])
+# the evaluation questions, their expected words and the check live in calm_core (the lab's forgetting set): the
+# same objects, so this demo's tables and the app's comparison ask the same thing
+EVALUATION, EXPECTED, holds_expected = GENERAL_QUESTIONS, EXPECTED_WORDS, holds_expected
 
 
 _TEMPLATES = {

@@ -71,6 +71,16 @@ def plot(page, label: str):
     return block(page, label).locator(".js-plotly-plot")
 
 
+def evaluate_three(page):
+    """Evaluate the preset's held-out set on three examples; the Results table, once it holds the CALM row."""
+    page.get_by_role("tab", name="5 · Evaluate").click()
+    page.get_by_label("examples (0 = all)").fill("3")
+    page.get_by_role("button", name="Evaluate", exact=True).click()
+    results = table(page, "Results")
+    expect(results.get_by_role("gridcell", name="CALM", exact=True)).to_be_visible()
+    return results
+
+
 def test_main_path(page):
     # 1 · Models: the page's load event composes the default preset
     models = table(page, "Models")
@@ -129,11 +139,7 @@ def test_main_path(page):
     shot(page, "app-4-bridge")
 
     # 5 · Evaluate: the preset's held-out set, three examples
-    page.get_by_role("tab", name="5 · Evaluate").click()
-    page.get_by_label("examples (0 = all)").fill("3")
-    page.get_by_role("button", name="Evaluate", exact=True).click()
-    results = table(page, "Results")
-    expect(results.get_by_role("gridcell", name="CALM", exact=True)).to_be_visible()
+    results = evaluate_three(page)
     expect(results.get_by_role("gridcell", name=re.compile(r"^anchor: "))).to_be_visible()
     expect(results.get_by_role("gridcell", name=re.compile(r"^augment 0: "))).to_be_visible()
     expect(results.get_by_role("columnheader", name="exact_match")).to_be_visible()
@@ -151,11 +157,7 @@ def test_a_baseline_trains_and_joins_the_comparison(page):
     page.get_by_label("batch size").fill("4")
     page.get_by_role("button", name="Train", exact=True).click()
     expect(page.get_by_text(re.compile(r"The baseline is ready: anchor \+ LoRA \([\d,]+ trained; bridge [\d,]+\)"))).to_be_visible()
-    page.get_by_role("tab", name="5 · Evaluate").click()
-    page.get_by_label("examples (0 = all)").fill("3")
-    page.get_by_role("button", name="Evaluate", exact=True).click()
-    results = table(page, "Results")
-    expect(results.get_by_role("gridcell", name="CALM", exact=True)).to_be_visible()
+    results = evaluate_three(page)
     expect(results.get_by_role("gridcell", name=re.compile(r"^anchor \+ LoRA \("))).to_be_visible()
     shot(page, "app-7-baseline")
 

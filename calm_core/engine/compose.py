@@ -225,7 +225,7 @@ class ComposedLM(Inspection):
                 return args, {**kwargs, "hidden_states": add_bridge(kwargs["hidden_states"], entries)}
             return hook
 
-        model = self.anchor.model
+        model = self._anchor_model()
         with loading.model_lock(model):
             if self.config.insert == "before":
                 handles = [self.anchor.layers[layer].register_forward_pre_hook(before(entries), with_kwargs=True,
@@ -252,6 +252,10 @@ class ComposedLM(Inspection):
         if positions is not None and "logits_to_keep" not in extra:  # a model without logits_to_keep
             return out.logits[:, positions]
         return out.logits
+
+    def _anchor_model(self):
+        """The model anchor_logits runs: the anchor (a baseline runs its untouched original at gate scale 0)."""
+        return self.anchor.model
 
     # ---- generation ---------------------------------------------------------------------------
 

@@ -124,26 +124,10 @@ class AnchorBaseline(ComposedLM):
         tuned.eval()
         return tuned
 
-    def anchor_logits(self, input_ids, attention_mask, condition, cache=None, scales=None, position_ids=None,
-                      last_only: bool = False, positions=None):
-        if self._gate_scale == 0.0:  # the anchor as it was: the shared, untouched model
-            with self._swapped(self.original):
-                return super().anchor_logits(input_ids, attention_mask, condition, cache, scales, position_ids,
-                                             last_only, positions)
-        return super().anchor_logits(input_ids, attention_mask, condition, cache, scales, position_ids,
-                                     last_only, positions)
-
-    def _swapped(self, model):
-        member = self.anchor
-
-        class Swap:
-            def __enter__(self_):
-                self_.kept, member.model = member.model, model
-
-            def __exit__(self_, *exc):
-                member.model = self_.kept
-
-        return Swap()
+    def _anchor_model(self):
+        # gate scale 0 (this thread's) is the anchor as it was: the shared, untouched model; nothing is swapped,
+        # so a chat with the baseline in another thread is never affected
+        return self.original if self._gate_scale == 0.0 else self.anchor.model
 
     def num_parameters(self) -> tuple[int, int]:
         return self.bridge.num_parameters(), self.anchor.info.num_parameters

@@ -29,7 +29,7 @@ def _fresh_views(session: LabSession, bridge_message: str = "") -> tuple:
     """After the models or bridge changed: the Chat tab's settings and cleared chats, and no stale
     download link, training status or bridge message."""
     return (views.chat_settings(session) + views.train_settings(session) + (None, "", bridge_message)
-            + (views.attention_reading(session),))
+            + (views.attention_reading(session), views.baseline_menu(session), views.baseline_column(session, None)))
 
 
 @friendly
@@ -199,7 +199,7 @@ def upload_bridge(session, files):
 
 @friendly
 def chat(session, message, h_calm, h_anchor, h_augment, max_new_tokens, do_sample, temperature, top_k, top_p, seed,
-         gate_scale, layers_off, mode):
+         gate_scale, layers_off, mode, baseline=views.NO_BASELINE, h_baseline=None):
     session = require(session)
     calm = session.require()
     if not message or not message.strip():
@@ -211,18 +211,25 @@ def chat(session, message, h_calm, h_anchor, h_augment, max_new_tokens, do_sampl
     sampling["top_p"] = top_p if top_p < 1 else None
     scale = bounds.real("gate scale", gate_scale, 0, 3)
     layers = [int(label.split(":")[0]) for label in layers_off or []]
-    histories = [list(h or []) + [{"role": "user", "content": message}] for h in (h_calm, h_anchor, h_augment)]
+    baseline = None if not baseline or baseline == views.NO_BASELINE else baseline
+    histories = [list(h or []) + [{"role": "user", "content": message}]
+                 for h in (h_calm, h_anchor, h_augment, h_baseline if baseline else [])]
     prompt = message if mode == "completion" else [{"role": m["role"], "content": m["content"]} for m in histories[0]]
     note = "" if mode == "completion" or session.has_chat_template() else (
         "*These models have no chat template: chat mode writes `user: …` / `assistant:` lines they never saw, so "
         "expect nonsense; use **completion**.* ")
-    texts = ("", "", "")
-    for texts in session.replies(prompt, max_new_tokens, scale, layers, **sampling):
-        yield tuple(h + [{"role": "assistant", "content": t}] for h, t in zip(histories, texts)) + (note,)
-    speed = f"{getattr(session, 'last_tokens_per_s', 0):.0f} tokens/s over the three models."
+    texts = ("",) * (4 if baseline else 3)
+    for texts in session.replies(prompt, max_new_tokens, scale, layers, baseline, **sampling):
+        yield _chat_outputs(histories, texts, note, baseline)
+    speed = f"{getattr(session, 'last_tokens_per_s', 0):.0f} tokens/s over the {len(texts)} models."
     # a model that ends at once (EOS first) would otherwise leave an empty bubble
-    yield tuple(h + [{"role": "assistant", "content": t or "*(ended at once: no text)*"}]
-                for h, t in zip(histories, texts)) + (note + speed,)
+    yield _chat_outputs(histories, [t or "*(ended at once: no text)*" for t in texts], note + speed, baseline)
+
+
+def _chat_outputs(histories, texts, note, baseline):
+    """Each column's history with its answer so far; the baseline column unchanged while none is picked."""
+    chats = [h + [{"role": "assistant", "content": t}] for h, t in zip(histories, texts)]
+    return (*chats[:3], note, chats[3] if baseline else gr.skip())
 
 
 # ---- Inside the bridge ---------------------------------------------------------------------

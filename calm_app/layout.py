@@ -111,11 +111,18 @@ def data_tab(w: SimpleNamespace) -> None:
 def chat_tab(w: SimpleNamespace) -> None:
     gr.Markdown("The same prompt goes to the **composition**, the **anchor alone** and the **augmenting model alone**. "
                 "Slide the gate scale: 0 is the anchor exactly, 1 the trained bridge, above 1 exaggerates (a bridge "
-                "without a gate is scaled the same way).")
+                "without a gate is scaled the same way). A baseline trained in the Train tab can answer in a fourth "
+                "column.")
     with gr.Row():
         w.bot_calm = gr.Chatbot(label="CALM (composed)", height=300)
         w.bot_anchor = gr.Chatbot(label="anchor alone", height=300)
         w.bot_augment = gr.Chatbot(label="augmenting model alone", height=300)
+        w.bot_baseline = gr.Chatbot(label="baseline", height=300, visible=False)
+    w.chat_baseline = gr.Dropdown([("none: train a baseline in the Train tab", views.NO_BASELINE)],
+                                  value=views.NO_BASELINE, label="fourth column: a baseline",
+                                  info="The anchor itself trained on the same data in the Train tab (LoRA, or its top "
+                                       "layers), answering beside the composition; gate scale and layer switches are "
+                                       "the bridge's and do not touch it.")
     w.message = gr.Textbox(label="Prompt", placeholder="Type a prompt, or pick one of the example prompts below")
     w.examples = gr.Dataset(components=[w.message], samples=[["Hello"]], label="Example prompts")
     with gr.Row():
@@ -172,7 +179,7 @@ def evaluate_tab(w: SimpleNamespace) -> None:
         w.eval_limit = gr.Number(100, label="examples (0 = all)", precision=0)
     w.eval_btn = gr.Button("Evaluate", variant="primary")
     w.eval_table = gr.Dataframe(label="Results", interactive=False)
-    w.eval_plot = gr.Plot()
+    w.eval_plot = gr.Plot(label="The table as bars: one panel per metric, one bar per model")
     w.eval_sigs = gr.Markdown()
     w.paper_md = gr.Markdown()
 
@@ -183,7 +190,7 @@ def wire(demo: gr.Blocks, w: SimpleNamespace) -> None:
     data = [w.preview, w.data_note, w.prompt_col, w.completion_col, w.text_col]
     fresh = [w.max_new, w.mode, w.bot_calm, w.bot_anchor, w.bot_augment, w.message,
              w.steps, w.lr, w.batch, w.gate_lr, w.augment_noise, w.train_note, w.bridge_file, w.train_status,
-             w.bridge_status, w.attn_mode]
+             w.bridge_status, w.attn_mode, w.chat_baseline, w.bot_baseline]
     everything = model[:7] + data + [w.eval_choice, w.paper_md, w.preset_data, w.metrics] + model[7:] + [w.eval_max_new] + fresh
     demo.load(h.start, [w.preset], everything, api_name="start")
     w.preset_btn.click(h.use_preset, [w.session, w.preset], everything, api_name="use_preset")
@@ -205,12 +212,14 @@ def wire(demo: gr.Blocks, w: SimpleNamespace) -> None:
         h.upload_bridge, [w.session, w.bridge_upload], model + fresh, api_name="upload_bridge")
 
     chat_inputs = [w.session, w.message, w.bot_calm, w.bot_anchor, w.bot_augment, w.max_new, w.do_sample,
-                   w.temperature, w.top_k, w.top_p, w.seed, w.gate_scale, w.layers_off, w.mode]
-    chat_outputs = [w.bot_calm, w.bot_anchor, w.bot_augment, w.chat_note]
+                   w.temperature, w.top_k, w.top_p, w.seed, w.gate_scale, w.layers_off, w.mode, w.chat_baseline,
+                   w.bot_baseline]
+    chat_outputs = [w.bot_calm, w.bot_anchor, w.bot_augment, w.chat_note, w.bot_baseline]
     w.send.click(h.chat, chat_inputs, chat_outputs, api_name="chat", concurrency_limit=None)
     w.message.submit(h.chat, chat_inputs, chat_outputs, concurrency_limit=None)
     w.examples.click(lambda row: row[0], w.examples, w.message)
-    w.clear.click(lambda: ([], [], [], ""), None, chat_outputs)
+    w.clear.click(lambda: ([], [], [], "", []), None, chat_outputs)
+    w.chat_baseline.change(views.baseline_column, [w.session, w.chat_baseline], w.bot_baseline)
 
     w.gates_btn.click(h.show_gates, w.session, [w.gate_bars, w.gate_heat, w.gate_hist], api_name="gates")
     w.attn_btn.click(h.show_attention, [w.session, w.attn_text, w.attn_layer, w.attn_head, w.attn_mode], w.attn_plot,
@@ -222,7 +231,7 @@ def wire(demo: gr.Blocks, w: SimpleNamespace) -> None:
 def build_app() -> gr.Blocks:
     presets = list_presets()
     default = DEFAULT_PRESET if DEFAULT_PRESET in presets else (presets[0] if presets else None)
-    w = SimpleNamespace()
+    w = SimpleNamespace(tabs={})
     with gr.Blocks(title="CALM Lab") as demo:
         w.session = gr.State(delete_callback=lambda s: s and s.stop_training())
         gr.Markdown(INTRO)
@@ -230,7 +239,9 @@ def build_app() -> gr.Blocks:
             for title, tab in (("1 · Models", lambda: models_tab(w, presets, default)), ("2 · Data & train", lambda: data_tab(w)),
                                ("3 · Chat", lambda: chat_tab(w)), ("4 · Inside the bridge", lambda: bridge_tab(w)),
                                ("5 · Evaluate", lambda: evaluate_tab(w))):
-                with gr.Tab(title):
+                with gr.Tab(title) as w.tabs[title]:
                     tab()
         wire(demo, w)
+        # baselines trained since the Chat tab was last open join its fourth-column menu
+        w.tabs["3 · Chat"].select(views.baseline_menu, [w.session, w.chat_baseline], w.chat_baseline)
     return demo

@@ -154,6 +154,25 @@ def chat_settings(session: LabSession):
     return gr.update(value=tokens), gr.update(value=mode), [], [], [], ""
 
 
+NO_BASELINE = "none"
+
+
+def baseline_menu(session: LabSession | None, value: str | None = None):
+    """The Chat tab's fourth-column menu: each baseline trained in this session, by its name in Evaluate."""
+    names = [(name, method) for method in (session.baselines if session else {})
+             for name, b in session.baseline_columns() if b is session.baselines[method]]
+    value = value if value in [m for _, m in names] else NO_BASELINE
+    return gr.update(choices=[("none: train a baseline in the Train tab", NO_BASELINE)] + names, value=value)
+
+
+def baseline_column(session: LabSession | None, method: str | None):
+    """The fourth chat column: shown, empty and named after its baseline while one is picked."""
+    if not session or not method or method == NO_BASELINE or method not in session.baselines:
+        return gr.update(visible=False, value=[])
+    name = next(n for n, b in session.baseline_columns() if b is session.baselines[method])
+    return gr.update(visible=True, value=[], label=name.split(" (")[0])  # the counts: in the menu
+
+
 # ---- Inside the bridge tab -----------------------------------------------------------------------
 
 ATTENTION_READINGS = ("text", "chat question")
@@ -220,9 +239,13 @@ def eval_outputs(table, note: str):
         r["model"] = f"{role}: {short_name(name)}" if name else role
     rows = [[r["model"]] + [round(r[c], 3) if isinstance(r.get(c), float) else r.get(c) for c in columns[1:]]
             for r in table.rows]
-    main_metric = next((m for m in ("exact_match", "chrf", "bleu", "loss") if m in columns), columns[-1])
     signatures = "\n".join(f"- {k}: {_signature(v)}" for k, v in table.signatures.items())
-    return gr.update(value=rows, headers=columns), figures.eval_bars(table.rows, main_metric), note + signatures
+    if FORGETTING_COLUMNS[1] in columns and str(table.rows[0].get(FORGETTING_COLUMNS[1], "")).startswith("0/"):
+        note += ("The anchor alone answers none of the forgetting set's general questions (it never learned such "
+                 "text), so that set cannot show what training took away here: the rows it does answer are the "
+                 "check.\n\n")
+    return (gr.update(value=rows, headers=columns), figures.eval_bars(table.rows, columns[1:]),
+            note + signatures)
 
 
 def _signature(text: str) -> str:

@@ -71,9 +71,12 @@ def plot(page, label: str):
     return block(page, label).locator(".js-plotly-plot")
 
 
-def evaluate_three(page):
-    """Evaluate the preset's held-out set on three examples; the Results table, once it holds the CALM row."""
+def evaluate_three(page, *metrics: str):
+    """Evaluate the preset's held-out set on three examples (ticking `metrics` too); the Results table, once it
+    holds the CALM row."""
     page.get_by_role("tab", name="5 · Evaluate").click()
+    for metric in metrics:
+        page.get_by_role("checkbox", name=metric, exact=True).check()
     page.get_by_label("examples (0 = all)").fill("3")
     page.get_by_role("button", name="Evaluate", exact=True).click()
     results = table(page, "Results")
@@ -157,9 +160,25 @@ def test_a_baseline_trains_and_joins_the_comparison(page):
     page.get_by_label("batch size").fill("4")
     page.get_by_role("button", name="Train", exact=True).click()
     expect(page.get_by_text(re.compile(r"The baseline is ready: anchor \+ LoRA \([\d,]+ trained; bridge [\d,]+\)"))).to_be_visible()
-    results = evaluate_three(page)
+    results = evaluate_three(page, "forgetting")
     expect(results.get_by_role("gridcell", name=re.compile(r"^anchor \+ LoRA \("))).to_be_visible()
+    expect(results.get_by_role("columnheader", name="forgetting: expected words")).to_be_visible()
+    expect(plot(page, "The table as bars: one panel per metric, one bar per model")).to_be_visible()
     shot(page, "app-7-baseline")
+    # 3 · Chat: the baseline as a fourth column, answering the same prompt beside the three
+    page.get_by_role("tab", name="3 · Chat").click()
+    page.get_by_label("fourth column: a baseline").click()
+    page.get_by_role("option", name=re.compile(r"^anchor \+ LoRA \(")).click()
+    expect(page.get_by_test_id("block-label").filter(has_text=re.compile(r"^\s*anchor \+ LoRA\s*$"))).to_be_visible()
+    page.get_by_label("Prompt", exact=True).fill("abcd=")
+    page.get_by_role("button", name="Send", exact=True).click()
+    chats = page.get_by_role("log")
+    expect(chats).to_have_count(4)
+    for i in range(4):
+        expect(chats.nth(i).get_by_test_id("user")).to_have_text("abcd=")
+        expect(chats.nth(i).get_by_test_id("bot")).not_to_have_text("")
+    expect(page.get_by_text(re.compile(r"tokens/s over the 4 models"))).to_be_visible()
+    shot(page, "app-8-baseline-chat")
 
 
 def toast(page, text: str):

@@ -135,3 +135,9 @@ def test_the_lab_trains_a_lora_baseline_on_the_presets_data_and_answers_with_it(
     rows = {row["model"]: row for row in table.rows}
     assert table.rows[0][ratio] == 1.0 and ratio not in table.rows[1]
     assert rows["CALM"][ratio] > 0 and re.fullmatch(r"\d+/16", rows[names[3]][words])
+    # the Chat tab's fourth column: the baseline answers beside the three, as its own generate() does
+    *three, fourth = list(lab.replies("abcd=", max_new_tokens=3, baseline="lora"))[-1]
+    assert len(three) == 3 and fourth == lab.baseline("lora").generate(["abcd="], max_new_tokens=3)[0]
+    assert len(list(lab.replies("abcd=", max_new_tokens=3))[-1]) == 3  # none asked for: the three columns
+    with pytest.raises(CALMError, match="No finetune baseline"):
+        list(lab.replies("abcd=", max_new_tokens=3, baseline="finetune"))

@@ -59,3 +59,21 @@ def test_eval_bars():
             {"model": "CALM", "exact_match": 80.0}]
     fig = figures.eval_bars(rows, "exact_match")
     assert isinstance(fig, go.Figure) and list(fig.data[0].y) == [0.0, 2.0, 80.0]
+
+
+def test_eval_bars_one_panel_per_metric_with_counts_as_percentages():
+    rows = [{"model": "anchor: a", "exact_match": 0.0, "forgetting: perplexity ratio": 1.0,
+             "forgetting: expected words": "8/16"},
+            {"model": "augment 0: b", "exact_match": 2.0},
+            {"model": "CALM", "exact_match": 80.0, "forgetting: perplexity ratio": 1.02,
+             "forgetting: expected words": "9/16"},
+            {"model": "anchor + LoRA (10 trained; bridge 12)", "exact_match": 40.0,
+             "forgetting: perplexity ratio": 1.4, "forgetting: expected words": "4/16"}]
+    fig = figures.eval_bars(rows, ["exact_match", "forgetting: perplexity ratio", "forgetting: expected words"])
+    assert len(fig.data) == 3
+    assert list(fig.data[0].y) == [0.0, 2.0, 80.0, 40.0]
+    assert list(fig.data[1].x) == ["anchor: a", "CALM", "anchor + LoRA"]  # no augmenting model's bar
+    assert list(fig.data[2].y) == [50.0, 56.25, 25.0]
+    colors = list(fig.data[0].marker.color)
+    assert colors[2] == figures.BRIDGE_COLOR and colors[3] == figures.BASELINE_COLOR and colors[0] != colors[3]
+    assert fig.layout.annotations[2].text == "forgetting: expected words %"

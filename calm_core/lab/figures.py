@@ -150,12 +150,43 @@ def empty(message: str) -> go.Figure:
     return _layout(fig, "", height=260)
 
 
-def eval_bars(rows: list[dict], metric: str) -> go.Figure:
-    """One bar per model for a metric of an evaluation table."""
-    present = [r for r in rows if r.get(metric) is not None]
-    colors = [BRIDGE_COLOR if r["model"] == "CALM" else ANCHOR_COLOR if r["model"].startswith("anchor") else AUGMENT_COLOR
-              for r in present]
-    fig = go.Figure(go.Bar(x=[r["model"] for r in present], y=[r[metric] for r in present], marker_color=colors,
-                           text=[f"{r[metric]:.1f}" for r in present], textposition="outside", cliponaxis=False))
-    fig.update_yaxes(title=metric, range=[0, max([r[metric] for r in present] + [1e-3]) * 1.2])
-    return _layout(fig, f"{metric} by model", height=340)
+BASELINE_COLOR = "#8e6bbf"
+
+
+def _model_color(model: str) -> str:
+    if model == "CALM":
+        return BRIDGE_COLOR
+    if model.startswith("anchor +") or model.startswith("anchor, "):  # a baseline: the anchor itself trained
+        return BASELINE_COLOR
+    return ANCHOR_COLOR if model.startswith("anchor") else AUGMENT_COLOR
+
+
+def _bar_value(value):
+    """A table cell as a bar: numbers as they are, "held/asked" counts as a percentage, anything else as no bar."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and "/" in value:
+        held, asked = value.split("/", 1)
+        return 100.0 * int(held) / max(1, int(asked)) if held.isdigit() and asked.isdigit() else None
+    return None
+
+
+def eval_bars(rows: list[dict], metrics) -> go.Figure:
+    """One panel per metric of an evaluation table (a single name: one panel), one bar per model that has it; the
+    models keep their colours across panels (anchor, augmenting model, composition, baselines)."""
+    from plotly.subplots import make_subplots
+
+    metrics = [metrics] if isinstance(metrics, str) else list(metrics)
+    metrics = [m for m in metrics if any(_bar_value(r.get(m)) is not None for r in rows)] or metrics[:1]
+    titles = [m + (" %" if any(isinstance(r.get(m), str) for r in rows) else "") for m in metrics]
+    fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=titles if len(metrics) > 1 else None)
+    for col, metric in enumerate(metrics, start=1):
+        present = [(r["model"], _bar_value(r.get(metric))) for r in rows if _bar_value(r.get(metric)) is not None]
+        # a baseline's parameter counts are in the table: the bar's label is its kind
+        fig.add_trace(go.Bar(x=[m.split(" (")[0] for m, _ in present], y=[v for _, v in present], showlegend=False,
+                             marker_color=[_model_color(m) for m, _ in present], cliponaxis=False,
+                             text=[f"{v:.1f}" if v >= 10 else f"{v:.3g}" for _, v in present], textposition="outside"),
+                      row=1, col=col)
+        fig.update_yaxes(range=[0, max([v for _, v in present] + [1e-3]) * 1.2], row=1, col=col)
+    fig.update_xaxes(tickangle=-25)
+    return _layout(fig, "" if len(metrics) > 1 else f"{titles[0]} by model", height=380)

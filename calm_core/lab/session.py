@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from ..engine.config import CALMConfig
 from ..errors import CALMError
 from ..training.data import DataConfig, DataSplits, load_examples, load_splits
 from ..training.trainer import TrainConfig, Trainer
-from . import bounds, bridge_files, comparison
+from . import bounds, bridge_files, comparison, replies
 from .model_cache import MODEL_CACHE, ModelCache, default_dtype
 from .model_table import layer_labels, model_rows, short_name
 from .presets import Preset, load_preset
@@ -265,34 +264,26 @@ class LabSession:
 
     # ---- chat and inspection ------------------------------------------------------------------
 
-    def replies(self, prompt, max_new_tokens: int = 32, gate_scale: float = 1.0, layers_off=(), **sampling):
-        """Streams the composition, the anchor alone and the first augmenting model alone,
-        interleaved: yields the three texts so far after each new piece, then their tokens/s."""
+    def replies(self, prompt, max_new_tokens: int = 32, gate_scale: float = 1.0, layers_off=(), baseline=None,
+                **sampling):
+        """Streams the composition, the anchor alone, the first augmenting model alone and, if named, a baseline
+        trained in this session ("lora", "finetune"), interleaved: yields their texts so far after each new piece."""
         calm = self.require()
+        extra = [self.baseline(baseline)] if baseline else []
         max_new_tokens = bounds.max_new_tokens(calm, max_new_tokens)
         from ..engine.generation import render_prompt
 
         text, _ = render_prompt(calm.anchor.tokenizer, prompt)
         tokens = bounds.check_prompt(calm, text, max_new_tokens)
-        with LEDGER.reserve(generation_bytes(calm, tokens + max_new_tokens), "Answering this prompt",
-                            "Shorten the prompt or ask for fewer new tokens.", device_of_calm(calm)):
+        needed = generation_bytes(calm, tokens + max_new_tokens) + sum(
+            generation_bytes(m, tokens + max_new_tokens, models=1) for m in extra)
+        with LEDGER.reserve(needed, "Answering this prompt", "Shorten the prompt or ask for fewer new tokens.",
+                            device_of_calm(calm)):
             with calm.gate_scale(gate_scale), calm.layers_off(layers_off):
                 streams = [calm.stream(prompt, max_new_tokens=max_new_tokens, **sampling)]
-            streams += [self.solo(0).stream(prompt, max_new_tokens=max_new_tokens, **sampling),
-                        self.solo(1).stream(prompt, max_new_tokens=max_new_tokens, **sampling)]
-            texts, live, started = ["", "", ""], [True, True, True], time.perf_counter()
-            pieces = 0
-            while any(live):
-                for i, stream in enumerate(streams):
-                    if live[i]:
-                        piece = next(stream, None)
-                        if piece is None:
-                            live[i] = False
-                        else:
-                            texts[i], pieces = texts[i] + piece, pieces + 1
-                            yield tuple(texts)
-            self.last_tokens_per_s = pieces / max(time.perf_counter() - started, 1e-9)
-        yield tuple(texts)
+            streams += [m.stream(prompt, max_new_tokens=max_new_tokens, **sampling)
+                        for m in (self.solo(0), self.solo(1), *extra)]
+            yield from replies.interleave(streams, lambda rate: setattr(self, "last_tokens_per_s", rate))
 
     def attention(self, text: str, as_chat: bool = False):
         """The cross-attention record of one forward pass over text; as_chat reads it as a user's chat question,

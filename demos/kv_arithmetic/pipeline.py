@@ -247,6 +247,9 @@ def run(s: Settings, out: Path, controls: bool = True, until: str | None = None)
         "anchor": "anchor", "augment": "augment", "bridge": "bridge",
         "settings": asdict(s),
         "times_s": meta["times_s"],
+        # how the bridge was trained: the Train tab (and a baseline on the same data) starts from these
+        "train": {"steps": s.compose_steps, "lr": s.compose_lr, "batch_size": s.compose_batch,
+                  "augment_noise": s.compose_noise},
     }
     (out / "preset.json").write_text(json.dumps(preset, indent=2))
     log(f"done in {times['total_s']:.0f}s -> {out}")

@@ -159,9 +159,8 @@ def use_data(session, file, preset_file, prompt_col, completion_col, text_col, v
 @friendly
 def train(session, steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0, method="calm"):
     session = require(session)
-    config = bounds.train_config(steps, lr, batch_size, gate_lr_scale, augment_noise, method or "calm")
-    if config.method == "calm":
-        config = replace(config, **session.train_overrides())
+    config = session.train_config(**bounds.train_fields(steps, lr, batch_size, gate_lr_scale, augment_noise,
+                                                        method or "calm"))
     run = session.start_training(config)
     labels = session.require().layer_pairs() if config.method == "calm" else []  # a baseline has no gates
     try:

@@ -153,7 +153,8 @@ def test_main_path(app_url, tmp_path):  # noqa: F811
     client.predict(PRESET, api_name="/use_preset")  # back to the untrained preset bridge
     assert client.predict(api_name="/gates")[0] == gates_before[0]
     out = client.predict([handle_file(str(archive))], api_name="/upload_bridge")
-    assert out[-2] == "Bridge loaded." and out[-1]["value"] == "text"  # then the attention map's reading (a text preset)
+    assert out[-4] == "Bridge loaded." and out[-3]["value"] == "text"  # then the attention map's reading (a text preset)
+    assert out[-2]["value"] == "none" and out[-1]["visible"] is False  # no baseline column: the baselines went with it
     assert [r[0] for r in table(out[0])[1]] == ["anchor", "augment 0", "bridge"]
     assert client.predict(api_name="/gates")[:2] == gates[:2]
     still_works(client)

@@ -86,6 +86,9 @@ class ComposedLM(Inspection):
             )
             for m in self.augments
         ]).to(loading.device_of(self.anchor.model))
+        # how this bridge started and trains (training/recipes.py, as a dict, saved in bridge_config.json); None: a
+        # new bridge that no recipe has started yet, {}: a loaded bridge saved before recipes were recorded
+        self.recipe: dict | None = None
         # gate_scale / layers_off / record_attention apply to the calling thread only, so a
         # training thread and a chat in another thread never see each other's settings.
         self._local = threading.local()

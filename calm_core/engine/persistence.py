@@ -31,6 +31,7 @@ def bridge_description(calm, directory: Path | None = None) -> dict:
         "format": "calm-bridge",
         "format_version": FORMAT_VERSION,
         "config": calm.config.to_dict(),
+        **({"recipe": calm.recipe} if getattr(calm, "recipe", None) else {}),
         "anchor": record(calm.anchor.info),
         "augments": [
             {**record(member.info), "layer_pairs": [list(p) for p in bridge.pairs]}
@@ -142,4 +143,5 @@ def load_composed(cls, wrap, directory, anchor=None, augments=None, dtype=None, 
         calm = cls(anchor, augments or [], config)
     check_calm_fits(description, calm)
     load_bridge_weights(calm, directory)
+    calm.recipe = dict(description.get("recipe") or {})  # a trained bridge: no recipe starts it again
     return calm

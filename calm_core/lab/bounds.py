@@ -10,7 +10,6 @@ from ..training.batches import context_length
 MAX_STEPS = 100_000
 MAX_BATCH = 4096
 MAX_EVAL_EXAMPLES = 10_000  # three models generate for each
-APP_CACHE_MB = 256  # an app session's augmenting-state cache (reserved with its run)
 MAX_LR = 10.0
 MAX_GATE_LR_SCALE = 1000.0
 MAX_AUGMENT_NOISE = 10.0
@@ -109,21 +108,41 @@ def largest_batch(calm, tokens: int) -> int:
     return min(MAX_BATCH, max_batch_size(calm, tokens, LEDGER.room(device_of_calm(calm))))
 
 
-def train_config(steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0, method: str = "calm"):
-    """A TrainConfig from what a user typed, each value checked against its range; the app's run
-    logs 40 times, validates 10 times and warms up over a tenth of the steps."""
+def schedule(steps: int) -> dict:
+    """How a run of `steps` logs (40 times), validates (10 times) and warms up (min(20, a tenth of the steps))."""
+    return dict(log_every=max(1, steps // 40), eval_every=max(1, steps // 10), warmup_steps=max(1, min(20, steps // 10)))
+
+
+def train_fields(steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0, method: str = "calm", **more) -> dict:
+    """The Train tab's fields as TrainConfig fields, each checked against its range (LabSession.train_config
+    completes them)."""
     from ..training.config import TrainConfig
 
-    steps = whole("steps", steps, 1, MAX_STEPS)
-    return TrainConfig(
-        steps=steps, lr=real("learning rate", lr, 0, MAX_LR, low_open=True),
+    fields = dict(
+        steps=whole("steps", steps, 1, MAX_STEPS), lr=real("learning rate", lr, 0, MAX_LR, low_open=True),
         batch_size=whole("batch size", batch_size, 1, MAX_BATCH),
         gate_lr_scale=real("gate learning rate ×", 1.0 if gate_lr_scale in (None, "") else gate_lr_scale, 0,
                            MAX_GATE_LR_SCALE, low_open=True),
         augment_noise=real("noise on augmenting states", augment_noise or 0.0, 0, MAX_AUGMENT_NOISE),
-        log_every=max(1, steps // 40), eval_every=max(1, steps // 10), warmup_steps=max(1, steps // 10), progress=False,
-        method=str(method),  # TrainConfig names the choices when it is none of them
-        cache_budget_mb=APP_CACHE_MB)
+        method=str(method))  # TrainConfig names the choices when it is none of them
+    for name, (low, high, low_open) in ADVANCED_BOUNDS.items():
+        if more.get(name) not in (None, ""):
+            fields[name] = real(name.replace("_", " "), more[name], low, high, low_open=low_open)
+    fields.update({k: v for k, v in more.items() if k in ("recipe", "bf16") and v is not None})
+    TrainConfig(**fields)  # the rest of its checks, before anything starts
+    return fields
+
+
+def train_config(steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0, method: str = "calm"):
+    """The checked fields as a TrainConfig on the app's schedule (the session's train_config adds its recipe)."""
+    from ..training.config import TrainConfig
+
+    fields = train_fields(steps, lr, batch_size, gate_lr_scale, augment_noise, method)
+    return TrainConfig(**{**schedule(fields["steps"]), **fields, "progress": False})
+
+
+# the Train tab's advanced fields: (lowest, highest, lowest excluded)
+ADVANCED_BOUNDS = {"position_lr_scale": (0, 100, True), "value_lr_scale": (0, 10, False), "weight_decay": (0, 1, False)}
 
 
 def heads(calm) -> int:

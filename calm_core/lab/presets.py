@@ -53,9 +53,7 @@ class Preset:
     # how the shipped bridge was trained: the Train tab's fields (steps, lr, batch_size, gate_lr_scale,
     # augment_noise) start here, and position_lr_scale / value_lr_scale apply while the bridge is the shipped one
     train: dict = field(default_factory=dict)
-
-    # the keys of `train` that Train applies without showing them (LabSession.train_overrides)
-    HIDDEN_TRAIN_KEYS = ("position_lr_scale", "value_lr_scale")
+    recipe: str = "plain"  # how its bridge started (training/recipes.py); Start over keeps it
 
     def scoring(self, label: str) -> str:
         return self.eval_scoring.get(label, "exact")
@@ -193,7 +191,7 @@ def load_preset(name: str, root: Path | None = None) -> Preset:
         max_new_tokens=int(meta.get("max_new_tokens", 16)), prompt_mode=meta.get("prompt_mode", "completion"),
         eval_max_new_tokens=meta.get("eval_max_new_tokens"), eval_scoring=dict(meta.get("eval_scoring") or {}),
         eval_table_rows=dict(meta.get("eval_table_rows") or {}), protocol=meta.get("protocol", ""),
-        train=dict(meta.get("train") or {}),
+        train=dict(meta.get("train") or {}), recipe=str(meta.get("recipe") or "plain"),
         **{k: meta[k] for k in ("paper_table_title", "metrics") if meta.get(k)},
     )
 

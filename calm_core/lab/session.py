@@ -4,9 +4,7 @@ cache; the bridge and everything else belong to the session. Every request is ch
 the bounds of the models and the memory free before work starts (bounds.py, resources.py)."""
 from __future__ import annotations
 
-import os
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -14,54 +12,20 @@ import torch
 from ..engine.compose import ComposedLM
 from ..engine.config import CALMConfig
 from ..errors import CALMError
+from ..training import recipes
+from ..training.config import TrainConfig
 from ..training.data import DataConfig, DataSplits, load_examples, load_splits
-from ..training.trainer import TrainConfig, Trainer
 from . import bounds, bridge_files, comparison, replies
 from .model_cache import MODEL_CACHE, ModelCache, default_dtype
 from .model_table import layer_labels, model_rows, short_name
 from .presets import Preset, load_preset
-from .resources import (
-    LEDGER,
-    attention_map_bytes,
-    data_bytes,
-    device_of_calm,
-    frozen_cache_bytes,
-    generation_bytes,
-    training_bytes,
-)
+from .resources import LEDGER, attention_map_bytes, data_bytes, device_of_calm, generation_bytes
+from .training_run import MAX_RUNS, RUNS, RunState, TrainingRuns  # noqa: F401  (the session's public names)
 
 __all__ = ["LabSession", "ModelCache", "RunState", "layer_labels", "model_rows", "short_name"]
 
-MAX_RUNS = int(os.environ.get("CALM_MAX_RUNS", "8"))  # training runs at once in this process
-RUNS = threading.BoundedSemaphore(MAX_RUNS)
 
-
-@dataclass
-class RunState:
-    """What the app shows about the current or last training run."""
-
-    total: int = 0
-    step: int = 0
-    running: bool = False
-    message: str = ""
-    prepared: tuple[int, int] = (0, 0)  # examples prepared so far, of how many (before the first step)
-    history: list[dict] = field(default_factory=list)
-
-    def status(self) -> str:
-        last = self.history[-1] if self.history else {}
-        parts = [f"Step {self.step}/{self.total}"]
-        if last:
-            parts.append(f"loss {last['loss']:.4f}")
-            if last.get("val_loss") is not None:
-                parts.append(f"validation loss {last['val_loss']:.4f}")
-            recent = [h["tokens_per_s"] for h in self.history[-5:]]  # smoothed: one window can be a few ms
-            parts.append(f"{sum(recent) / len(recent):.0f} tokens/s")
-        elif self.running and self.prepared[1]:
-            parts.append(f"preparing examples {self.prepared[0]:,}/{self.prepared[1]:,}")
-        return " · ".join(parts) + (f"\n\n{self.message}" if self.message else "")
-
-
-class LabSession:
+class LabSession(TrainingRuns):
     def __init__(self, cache: ModelCache = MODEL_CACHE):
         self.cache = cache
         self.calm: ComposedLM | None = None
@@ -70,10 +34,11 @@ class LabSession:
         self.preset_bridge = False  # the bridge is the preset's shipped one (perhaps trained further)
         self.splits: DataSplits | None = None
         self.run = RunState()
-        self.trainer: Trainer | None = None
+        self.trainer = None  # the Trainer of the current or last run
         self._thread: threading.Thread | None = None
         self._solo: dict[int, ComposedLM] = {}
         self.baselines: dict = {}  # method -> AnchorBaseline trained on this session's anchor
+        self.recipe = recipes.DEFAULT_RECIPE  # how Train starts a new bridge (a preset's: the one it was made with)
         self._lock = threading.Lock()
 
     # ---- models -------------------------------------------------------------------------------
@@ -110,6 +75,7 @@ class LabSession:
         self.build(str(preset.anchor), [str(p) for p in preset.augments], bridge=preset.bridge, dtype=None,
                    adapters=preset.augment_adapters)
         self.preset, self.preset_bridge = preset, preset.bridge is not None
+        self.recipe = preset.recipe
         self.splits = None
         if preset.train_file is not None:
             self.set_data(preset.train_file, validation_path=preset.validation_file)
@@ -137,17 +103,23 @@ class LabSession:
         self.preset_bridge = False
         return self.calm
 
-    def train_overrides(self) -> dict:
-        """TrainConfig fields the Train tab does not show, as the shipped bridge was trained with them: only while
-        the bridge is the preset's own (a fixed value path, value_lr_scale 0, suits its vocabulary-map start only)."""
-        if not (self.preset_bridge and self.preset):
-            return {}
-        return {k: float(v) for k, v in self.preset.train.items() if k in Preset.HIDDEN_TRAIN_KEYS}
+    def set_recipe(self, name: str) -> recipes.Recipe:
+        """The recipe Train uses from now on (its start applies to a new bridge: Start over)."""
+        recipe = recipes.get_recipe(name)
+        self.recipe = recipe.name
+        return recipe
 
     def train_config(self, **changes) -> TrainConfig:
-        """A Train click's settings: the preset's recorded `train` section over TrainConfig's defaults, then `changes`."""
-        known = {k: v for k, v in (self.preset.train if self.preset else {}).items() if k in TrainConfig.__dataclass_fields__}
-        return TrainConfig(**{**known, "progress": False, **changes})
+        """Everything pressing Train starts when no field was touched: the session's recipe with its learning-rate
+        scales, the preset's recorded `train` section (its scales only under the preset's own recipe), the app's
+        schedule (40 logs, 10 validations, warm-up over min(20, a tenth of the steps)), then `changes`."""
+        recipe = recipes.get_recipe(changes.get("recipe", self.recipe))
+        own = self.preset is not None and recipe.name == self.preset.recipe
+        shipped = {k: v for k, v in (self.preset.train if self.preset else {}).items()
+                   if k in TrainConfig.__dataclass_fields__ and (own or k not in recipe.train_fields())}
+        steps = int(changes.get("steps", shipped.get("steps", TrainConfig.steps)))
+        return TrainConfig(**{**bounds.schedule(steps), **recipe.train_fields(), **shipped, "recipe": recipe.name,
+                              "progress": False, **changes})
 
     def baseline(self, name: str):
         """The baseline trained last with method `name` ("lora", "finetune"): generate() and logits() as a ComposedLM."""
@@ -168,99 +140,6 @@ class LabSession:
             splits = load_splits(path, validation_path, DataConfig(column_map=column_map, validation_fraction=validation_fraction))
         self.splits = splits
         return splits
-
-    # ---- training -----------------------------------------------------------------------------
-
-    @property
-    def training(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def _refuse_while_training(self, what: str) -> None:
-        if self.training:
-            raise CALMError(f"A training run is in progress; stop it before you {what}.")
-
-    def start_training(self, config: TrainConfig) -> RunState:
-        """Check the run fits (batch against memory, at the data's longest example), then train in a
-        thread of its own; the examples are prepared there, so Stop is answered at once."""
-        with self._lock:  # two clicks on Train in one session start one run
-            calm = self.require()
-            self._refuse_while_training("start another")
-            if self.splits is None:
-                raise CALMError("No training data: upload a file or pick a preset data set first.")
-            return self._start_counted(calm, config)
-
-    def _start_counted(self, calm, config: TrainConfig) -> RunState:
-        if not RUNS.acquire(blocking=False):
-            raise CALMError(f"{MAX_RUNS} training runs are in progress on this server, as many as it takes at once "
-                            "(they share its processors); try again when one has ended.")
-        try:
-            return self._start(calm, config)
-        except BaseException:
-            RUNS.release()
-            raise
-
-    def _start(self, composed, config: TrainConfig) -> RunState:
-        tokens = bounds.longest_tokens(composed, self.splits.train, config.max_length)
-        copy = comparison.copy_bytes(composed, config.method)
-        with LEDGER.reserve(copy, f"Copying the anchor for the {config.method} baseline", "Free memory first.",
-                            device_of_calm(composed)):
-            calm = comparison.model_for(composed, config.method)
-        need = copy + training_bytes(calm, config.batch_size, tokens) + frozen_cache_bytes(
-            calm, config, len(self.splits.train), tokens, self.splits.kept)
-        fits = bounds.largest_batch(calm, tokens)
-        reservation = LEDGER.reserve(need, f"Training with batch size {config.batch_size:,}",
-                                     f"At this data's longest example ({tokens:,} tokens) at most batch size {fits:,} "
-                                     "fits now: lower the batch size.", device_of_calm(calm))
-        reservation.__enter__()  # held until the run ends, released in _train
-        self.run = RunState(total=config.steps, running=True, prepared=(0, len(self.splits.train)))
-        try:
-            self.trainer = Trainer(calm, self.splits.train, self.splits.validation, config, callback=self._record)
-        except BaseException:
-            self.run.running = False
-            reservation.__exit__(None, None, None)
-            raise
-        self.trainer.step = 0
-        self._thread = threading.Thread(target=self._train, args=(reservation,), name="calm-training", daemon=True)
-        self._thread.start()
-        return self.run
-
-    def _record(self, record: dict) -> None:
-        self.run.history.append(record)
-        self.run.step = record["step"]
-
-    def _prepared(self, done: int, total: int) -> None:
-        self.run.prepared = (done, total)
-
-    def _train(self, reservation) -> None:
-        try:
-            result = self.trainer.train(prepare_progress=self._prepared)
-            if self.trainer.config.method != "calm":
-                self.baselines[self.trainer.config.method] = self.trainer.calm
-            self.run.step, self.run.message = result.step, result.message or f"Finished {result.step} steps."
-            if result.truncated:
-                self.run.message += f" {result.truncated} examples were truncated to the models' context."
-            if "over cache_budget_mb" in result.cache_note:  # slower, not wrong: say why
-                self.run.message += (" Each step ran both frozen models in full: their states for this data set would "
-                                     "not fit the server's cache (fewer or shorter examples would let them).")
-        except CALMError as exc:
-            self.run.message = str(exc)
-        except Exception as exc:  # surfaced in the page; the bridge keeps its last state
-            self.run.message = f"Training failed: {type(exc).__name__}: {exc}"
-        finally:
-            self.run.running = False
-            reservation.__exit__(None, None, None)
-            RUNS.release()
-
-    def stop_training(self) -> bool:
-        """Ask a running run to stop after its current step; False when nothing is running."""
-        if not self.training or self.trainer is None:
-            return False
-        self.trainer.request_stop()
-        return True
-
-    def wait(self, timeout: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
 
     # ---- chat and inspection ------------------------------------------------------------------
 

@@ -49,12 +49,15 @@ class TrainConfig:
     max_length: int | None = None
     append_eos: bool = True
     cache_augment_states: bool = True  # store the augmenting states and the anchor below the bridge per example, once
-    cache_budget_mb: float = 1024.0
+    cache_budget_mb: float | None = None  # None: what memory allows (half the free memory; in the lab, the ledger's)
     out_dir: str | None = None
     progress: bool = True
     # what is trained: "calm" the bridge; "lora" / "finetune" the anchor itself with as many trainable parameters
     # as the bridge (baselines.py): the paper's comparison, on the same data, loss and schedule
     method: str = "calm"
+    # how a new bridge starts (recipes.py: "plain", "knowledge"); its learning-rate scales are the fields above,
+    # which LabSession.train_config and the CLI fill from the recipe unless given
+    recipe: str = "plain"
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every"):
@@ -71,6 +74,10 @@ class TrainConfig:
             raise CALMError(f"TrainConfig.value_lr_scale must be >= 0, got {self.value_lr_scale}.")
         if self.method not in ("calm", "lora", "finetune"):
             raise CALMError(f"TrainConfig.method must be 'calm', 'lora' or 'finetune', got {self.method!r}.")
+        from .recipes import RECIPES
+
+        if self.recipe not in RECIPES:
+            raise CALMError(f"TrainConfig.recipe must be one of {', '.join(RECIPES)}, got {self.recipe!r}.")
         if self.batch_size % self.grad_accum:
             raise CALMError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}.")
 

@@ -99,3 +99,13 @@ class FrozenStates:
 
 def _stack(pieces: list[torch.Tensor], length: int) -> torch.Tensor:
     return torch.stack([F.pad(p[:length], (0, 0, 0, length - min(len(p), length))) for p in pieces])
+
+
+def free_memory_bytes(device) -> int:
+    """Memory free where the cache would live: the GPU's for a GPU run, else the machine's."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    import psutil
+
+    return int(psutil.virtual_memory().available)

@@ -31,7 +31,7 @@ from .batches import collate, predicting_positions, token_losses
 from .config import TrainConfig, TrainResult, lr_factor, parameter_role  # noqa: F401  (the public names)
 from .data import Example
 from .distributed import Distributed
-from .frozen_cache import FrozenStates, cache_bytes
+from .frozen_cache import FrozenStates, cache_bytes, free_memory_bytes
 from .optimizer_state import flatten_optimizer, load_optimizer
 from .prepared_rows import PreparedRows
 
@@ -39,6 +39,8 @@ log = logging.getLogger("calm_core.training")
 
 
 class Trainer:
+    cache_budget_name = "cache_budget_mb"  # what the cache note calls the budget (the lab: the memory ledger)
+
     def __init__(self, calm, train: list[Example], validation: list[Example] | None = None,
                  config: TrainConfig | None = None, callback: Callable[[dict], None] | None = None):
         self.calm, self.config, self.callback = calm, config or TrainConfig(), callback
@@ -119,11 +121,13 @@ class Trainer:
             return False, (f"cache off: {len(self.train_rows)} training examples are prepared batch by batch "
                            f"(over {PREPARE_ALL}), so their states are not held; every step runs both frozen models.")
         need_mb = cache_bytes(self.calm, self.train_rows, self._reference_dtype.itemsize) / 2**20
-        if need_mb > cfg.cache_budget_mb:
-            return False, (f"cache off: the frozen states need {need_mb:,.0f} MB, over cache_budget_mb "
-                           f"{cfg.cache_budget_mb:,.0f}; every step runs both frozen models (raise cache_budget_mb "
-                           f"to about {math.ceil(need_mb * 1.1):,} to cache them).")
-        return True, f"cache on: the frozen states take {need_mb:,.0f} MB of cache_budget_mb {cfg.cache_budget_mb:,.0f}."
+        budget, name = cfg.cache_budget_mb, self.cache_budget_name
+        if budget is None:
+            budget, name = free_memory_bytes(next(self.calm.bridge.parameters()).device) / 2 / 2**20, "half the memory free now"
+        if need_mb > budget:
+            return False, (f"cache off: the frozen states need {need_mb:,.0f} MB, over {name} ({budget:,.0f} MB); every "
+                           f"step runs both frozen models (about {math.ceil(need_mb * 1.1):,} MB would cache them).")
+        return True, f"cache on: the frozen states take {need_mb:,.0f} MB of {name} ({budget:,.0f} MB)."
 
     @property
     def _reference_dtype(self) -> torch.dtype:

@@ -81,6 +81,7 @@ def write_preset_json(out: Path, result: dict, s, data: dict) -> None:
         "times_s": result["times_s"],
         "settings": result["settings"],
         "train": train_settings(result["settings"]),
+        "recipe": "knowledge",  # calm_core.training.recipes: the value-path start, learning rates and rehearsal
     }
     (out / "preset.json").write_text(json.dumps(meta, indent=1))
 

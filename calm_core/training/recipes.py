@@ -1,0 +1,114 @@
+"""Recipes: how a new bridge starts and trains, as named objects that work with any pair.
+
+A recipe is what a demo learned about making composition work, made reusable: the paper's plain bridge, or the
+knowledge recipe the real-model preset was trained with. It sets the learning-rate scales of the bridge's parts
+(TrainConfig fields), how the value path starts (at random, or as the map between the two models' output
+vocabularies: vocab_init.py) and whether rehearsal rows are added (general questions answered by the anchor itself,
+trained toward its own next-token distributions: rehearsal.py). `prepare` applies the start to a fresh bridge and says
+what it did, and what it could not do and what runs instead; its name is saved with the bridge (bridge_config.json)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from ..errors import CALMError
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    summary: str  # one line: what it is for
+    value_start: str = "random"  # "random", or "vocabulary": the map between the output vocabularies (vocab_init)
+    answer_share: float = 0.7  # vocabulary start: the share of the map's fit weighted to the answers' tokens
+    value_lr_scale: float = 1.0  # 0 keeps the value path as it started
+    position_lr_scale: float = 1.0  # recency biases and null keys
+    gate_lr_scale: float = 1.0
+    rehearsal: int = 0  # general questions answered by the anchor itself, added when the data has no keep_anchor rows
+    rehearsal_new_tokens: int = 40
+
+    def train_fields(self) -> dict:
+        """The TrainConfig fields this recipe sets."""
+        return {"value_lr_scale": self.value_lr_scale, "position_lr_scale": self.position_lr_scale,
+                "gate_lr_scale": self.gate_lr_scale}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+RECIPES = {
+    "plain": Recipe("plain", "The paper's bridge: a random value path, every part at the same learning rate."),
+    "knowledge": Recipe(
+        "knowledge", "For facts only the augmenting model knows: the value path starts as the map between the two "
+        "models' output vocabularies (weighted to the answers' tokens) and stays fixed, so it carries tokens the "
+        "training data never shows; attention positions learn 25×, gates 5× faster; rehearsal rows keep the anchor "
+        "elsewhere.", value_start="vocabulary", value_lr_scale=0.0, position_lr_scale=25.0, gate_lr_scale=5.0,
+        rehearsal=96),
+}
+DEFAULT_RECIPE = "plain"
+
+
+def get_recipe(recipe: str | dict | Recipe | None) -> Recipe:
+    """A recipe by name (RECIPES), or from its saved dict (a bridge_config.json's "recipe")."""
+    if isinstance(recipe, Recipe):
+        return recipe
+    if recipe is None:
+        return RECIPES[DEFAULT_RECIPE]
+    if isinstance(recipe, dict):
+        known = {f.name for f in fields(Recipe)}
+        unknown = sorted(set(recipe) - known)
+        if unknown:
+            raise CALMError(f"A recipe has unknown settings {', '.join(unknown)}; a recipe has {', '.join(sorted(known))}.")
+        return Recipe(**recipe)
+    if recipe not in RECIPES:
+        raise CALMError(f"Unknown recipe {recipe!r}; the recipes are " + "; ".join(
+            f"{r.name}: {r.summary}" for r in RECIPES.values()))
+    return RECIPES[recipe]
+
+
+def describe() -> str:
+    """Every recipe, one line each (the CLI's --recipe help, the Train tab's menu)."""
+    return "\n".join(f"{r.name}: {r.summary}" for r in RECIPES.values())
+
+
+def is_new(calm) -> bool:
+    """A bridge no recipe has started yet (not loaded, not trained): prepare() applies to it."""
+    return getattr(calm, "recipe", None) is None
+
+
+def prepare(calm, recipe: Recipe, examples: list) -> tuple[dict, list, list[str]]:
+    """Start a new bridge the recipe's way. Returns (TrainConfig fields to change from the recipe's, rehearsal
+    examples to add to the training data, notes): where a step cannot apply (no shared tokens, no block that reads
+    a final state), the value path starts at random and trains at the full learning rate instead, and a note says
+    so. The recipe is recorded on the bridge (calm.recipe), and saved with it."""
+    changes, notes = {}, [f"recipe {recipe.name}"]
+    if recipe.value_start == "vocabulary":
+        notes.append(_vocabulary_start(calm, recipe, examples, changes))
+    extra = []
+    if recipe.rehearsal:
+        if any(e.keep_anchor for e in examples):
+            notes.append(f"rehearsal: the data's own {sum(e.keep_anchor for e in examples):,} keep_anchor rows")
+        else:
+            from .rehearsal import rehearsal_examples
+
+            extra = rehearsal_examples(calm, examples, recipe.rehearsal, recipe.rehearsal_new_tokens)
+            notes.append(f"rehearsal: {len(extra)} general questions answered by the anchor itself, trained toward "
+                         "its own next-token distributions")
+    calm.recipe = recipe.to_dict()
+    return changes, extra, notes
+
+
+def _vocabulary_start(calm, recipe: Recipe, examples: list, changes: dict) -> str:
+    from .vocab_init import init_value_path, shared_tokens
+
+    answers = [e.completion for e in examples if not e.keep_anchor and e.completion]
+    reads_final = all(member.info.num_layers in bridge.augment_layers
+                      for member, bridge in zip(calm.augments, calm.bridge.augments))
+    shared = min(len(shared_tokens(calm.anchor.tokenizer, m.tokenizer)) for m in calm.augments)
+    if not reads_final or shared < 2:
+        changes["value_lr_scale"] = 1.0  # a random value path kept fixed would carry nothing
+        why = ("no composition layer reads an augmenting model's final state (the map is between output "
+               "vocabularies)" if not reads_final else "the two tokenizers share no tokens")
+        return f"vocabulary start cannot apply: {why}; the value path starts at random and trains at the full rate"
+    report = init_value_path(calm, answers=answers, answer_share=recipe.answer_share)["augments"]
+    return ("value path started as the vocabulary map over " + ", ".join(f"{r['shared_tokens']:,} shared tokens "
+            f"(residual {r['relative_residual']:.2f})" for r in report)
+            + (", kept fixed" if recipe.value_lr_scale == 0 else ""))

@@ -79,8 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = TrainConfig()
     for name in ("steps", "batch_size", "grad_accum", "warmup_steps", "log_every", "eval_every", "checkpoint_every", "seed"):
         train.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
-    for name in ("lr", "gate_lr_scale", "position_lr_scale", "augment_noise", "weight_decay", "grad_clip", "cache_budget_mb"):
+    for name in ("lr", "augment_noise", "weight_decay", "grad_clip", "cache_budget_mb"):
         train.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
+    from .training.recipes import RECIPES, describe
+
+    train.add_argument("--recipe", choices=tuple(RECIPES), default="plain",
+                       help="how a new bridge starts and trains; its learning-rate scales unless given below. "
+                            + describe().replace("%", "%%"))
+    for name in ("gate_lr_scale", "position_lr_scale", "value_lr_scale"):
+        train.add_argument("--" + name.replace("_", "-"), type=float, default=None, help="default: the recipe's")
     train.add_argument("--max-length", type=int, default=None)
     train.add_argument("--bf16", action="store_true")
     train.add_argument("--no-augment-cache", action="store_true", help="recompute augmenting states every step")
@@ -188,16 +195,23 @@ def cmd_train(args) -> int:
         if args.resume:
             raise CALMError("--resume is for bridges; train a baseline again from the start.")
         calm = AnchorBaseline((calm.anchor.model, calm.anchor.tokenizer), args.method, calm.num_parameters()[0])
-    config = TrainConfig(method=args.method,
-        steps=args.steps, lr=args.lr, gate_lr_scale=args.gate_lr_scale, position_lr_scale=args.position_lr_scale,
-        augment_noise=args.augment_noise,
+    from .training import recipes
+
+    recipe, examples = recipes.get_recipe(args.recipe), list(splits.train)
+    scales = {k: v if getattr(args, k) is None else getattr(args, k) for k, v in recipe.train_fields().items()}
+    if args.method == "calm" and recipes.is_new(calm):  # a new bridge starts the recipe's way
+        changes, extra, notes = recipes.prepare(calm, recipe, examples)
+        scales, examples = {**scales, **changes}, examples + extra
+        print("; ".join(notes), file=sys.stderr)
+    config = TrainConfig(method=args.method, recipe=recipe.name, **scales,
+        steps=args.steps, lr=args.lr, augment_noise=args.augment_noise,
         batch_size=args.batch_size, grad_accum=args.grad_accum,
         warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
         log_every=args.log_every, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
         seed=args.seed, bf16=args.bf16, max_length=args.max_length, cache_augment_states=not args.no_augment_cache,
         cache_budget_mb=args.cache_budget_mb, out_dir=str(out), progress=not args.no_progress,
     )
-    trainer = Trainer(calm, splits.train, splits.validation, config)
+    trainer = Trainer(calm, examples, splits.validation, config)
     if trainer.dist.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         record = {k: v for k, v in vars(args).items() if k != "func"}

@@ -77,6 +77,21 @@ def test_augment_noise_option_reaches_the_trainer(workspace):
     assert run_train(workspace, workspace / "run_bad_noise", "--augment-noise", "-1") == 2
 
 
+@pytest.mark.parametrize("args, recipe, scales", [
+    ([], "plain", (1.0, 1.0, 1.0)),
+    (["--recipe", "knowledge"], "knowledge", (5.0, 25.0, 1.0)),  # every=1 reads no final state: value path trains
+    (["--recipe", "knowledge", "--gate-lr-scale", "2"], "knowledge", (2.0, 25.0, 1.0)),  # a given scale wins
+])
+def test_recipe_option_starts_the_bridge_and_is_saved_with_it(workspace, tmp_path, capsys, args, recipe, scales):
+    out = tmp_path / "run_recipe"
+    assert run_train(workspace, out, *args) == 0
+    saved = json.loads((out / "bridge" / "bridge_config.json").read_text())
+    assert saved["recipe"]["name"] == recipe and f"recipe {recipe}" in capsys.readouterr().err
+    checkpoint = json.loads((out / "checkpoints" / "step-000006" / "bridge_config.json").read_text())["train_config"]
+    assert (checkpoint["gate_lr_scale"], checkpoint["position_lr_scale"], checkpoint["value_lr_scale"]) == scales
+    assert checkpoint["recipe"] == recipe
+
+
 def test_yaml_config_and_command_line_precedence(workspace, tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("steps: 4\nlr: 0.002\nwarmup_steps: 3\nseed: 5\n")

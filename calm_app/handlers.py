@@ -29,7 +29,8 @@ def _fresh_views(session: LabSession, bridge_message: str = "") -> tuple:
     """After the models or bridge changed: the Chat tab's settings and cleared chats, and no stale
     download link, training status or bridge message."""
     return (views.chat_settings(session) + views.train_settings(session) + (None, "", bridge_message)
-            + (views.attention_reading(session), views.baseline_menu(session), views.baseline_column(session, None)))
+            + (views.attention_reading(session), views.baseline_menu(session), views.baseline_column(session, None))
+            + views.advanced_settings(session))
 
 
 @friendly
@@ -157,10 +158,12 @@ def use_data(session, file, preset_file, prompt_col, completion_col, text_col, v
 
 
 @friendly
-def train(session, steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0, method="calm"):
+def train(session, steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0, method="calm", recipe=None,
+          position_lr_scale=None, value_lr_scale=None, bf16=None):
     session = require(session)
-    config = session.train_config(**bounds.train_fields(steps, lr, batch_size, gate_lr_scale, augment_noise,
-                                                        method or "calm"))
+    config = session.train_config(**bounds.train_fields(
+        steps, lr, batch_size, gate_lr_scale, augment_noise, method or "calm", recipe=recipe,
+        position_lr_scale=position_lr_scale, value_lr_scale=value_lr_scale, bf16=bf16))
     run = session.start_training(config)
     labels = session.require().layer_pairs() if config.method == "calm" else []  # a baseline has no gates
     try:
@@ -173,6 +176,14 @@ def train(session, steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0, 
     if config.method != "calm" and config.method in session.baselines:
         run.message += " " + views.baseline_note(session, config.method)
     yield views.train_view(run, labels) + (None,)
+
+
+@friendly
+def choose_recipe(session, recipe):
+    """A recipe picked in the Train tab: its scales fill the fields (the rest stay the preset's)."""
+    session = require(session)
+    session.set_recipe(recipe)
+    return views.train_settings(session) + views.advanced_settings(session)
 
 
 @friendly

@@ -87,6 +87,13 @@ def data_tab(w: SimpleNamespace) -> None:
         w.gate_lr = gr.Number(start["gate_lr_scale"], label="gate learning rate × (closed tanh gates open slowly; try 10-50)")
         w.augment_noise = gr.Number(start["augment_noise"],
                                     label="noise on augmenting states (few distinct augmenting inputs: try 0.5-1)")
+    with gr.Accordion("All settings: recipe, learning-rate scales of the bridge's parts, precision", open=False):
+        with gr.Row():
+            w.recipe = gr.Dropdown(views.RECIPE_CHOICES, value="plain", label="recipe",
+                                   info="How a new bridge starts and trains; choosing one fills the scales")
+            w.position_lr = gr.Number(1.0, label="recency biases and null keys: learning rate ×")
+            w.value_lr = gr.Number(1.0, label="value path: learning rate × (0 keeps it as it started)")
+            w.bf16 = gr.Checkbox(False, label="bfloat16 steps (faster on recent CPUs and GPUs)")
     w.method = gr.Radio(views.TRAIN_METHODS, value="calm", label="what to train",
                         info="A baseline trains the anchor itself on the same data, with as many trainable parameters "
                              "as the bridge (a copy: the anchor in Chat stays as it was); Evaluate then shows it beside "
@@ -190,7 +197,7 @@ def wire(demo: gr.Blocks, w: SimpleNamespace) -> None:
     data = [w.preview, w.data_note, w.prompt_col, w.completion_col, w.text_col]
     fresh = [w.max_new, w.mode, w.bot_calm, w.bot_anchor, w.bot_augment, w.message,
              w.steps, w.lr, w.batch, w.gate_lr, w.augment_noise, w.train_note, w.bridge_file, w.train_status,
-             w.bridge_status, w.attn_mode, w.chat_baseline, w.bot_baseline]
+             w.bridge_status, w.attn_mode, w.chat_baseline, w.bot_baseline, w.recipe, w.position_lr, w.value_lr, w.bf16]
     everything = model[:7] + data + [w.eval_choice, w.paper_md, w.preset_data, w.metrics] + model[7:] + [w.eval_max_new] + fresh
     demo.load(h.start, [w.preset], everything, api_name="start")
     w.preset_btn.click(h.use_preset, [w.session, w.preset], everything, api_name="use_preset")
@@ -202,7 +209,11 @@ def wire(demo: gr.Blocks, w: SimpleNamespace) -> None:
     w.upload.change(h.inspect_upload, [w.session, w.upload], data, api_name="inspect_upload")
     w.use_data_btn.click(h.use_data, [w.session, w.upload, w.preset_data, w.prompt_col, w.completion_col, w.text_col,
                                       w.val_fraction], w.data_note, api_name="use_data")
-    w.train_btn.click(h.train, [w.session, w.steps, w.lr, w.batch, w.gate_lr, w.augment_noise, w.method],
+    w.recipe.input(h.choose_recipe, [w.session, w.recipe], [w.steps, w.lr, w.batch, w.gate_lr, w.augment_noise,
+                                                          w.train_note, w.recipe, w.position_lr, w.value_lr, w.bf16],
+                   api_name="choose_recipe")
+    w.train_btn.click(h.train, [w.session, w.steps, w.lr, w.batch, w.gate_lr, w.augment_noise, w.method, w.recipe,
+                                w.position_lr, w.value_lr, w.bf16],
                       [w.train_status, w.loss_plot, w.gate_plot, w.bridge_file], api_name="train",
                       concurrency_limit=None, show_progress="minimal", show_progress_on=[w.train_status])
     w.stop_btn.click(h.stop, w.session, w.train_status, api_name="stop", queue=False,  # not behind queued events

@@ -13,6 +13,7 @@ from calm_core.lab.bounds import heads
 from calm_core.lab.comparison import FORGETTING_COLUMNS
 from calm_core.lab.session import LabSession, layer_labels, model_rows, short_name
 from calm_core.training.evaluation import METRICS
+from calm_core.training.recipes import RECIPES, get_recipe, is_new
 
 ROLES_NOTE = ("**Who is who.** The *anchor* is the model that answers; the *augmenting* model only lends it its hidden "
               "states. In the paper's tables m_A is the augmenting model and m_B the anchor (the paper names them by "
@@ -185,27 +186,35 @@ def attention_reading(session: LabSession):
     return gr.update(value=CHAT_QUESTION if preset and preset.prompt_mode == "chat" else ATTENTION_READINGS[0])
 
 
+RECIPE_CHOICES = [(f"{r.name}: {r.summary}", r.name) for r in RECIPES.values()]
 TRAIN_FIELDS = {"steps": 200, "lr": 1e-3, "batch_size": 16, "gate_lr_scale": 1.0, "augment_noise": 0.0}  # the layout's
 
 
 def train_settings(session: LabSession):
-    """The Train fields as the preset's bridge was trained (or the app's defaults), and a note on the rest."""
-    preset = session.preset
-    shipped = dict(preset.train) if preset else {}
-    values = [gr.update(value=shipped.get(k, default)) for k, default in TRAIN_FIELDS.items()]
-    if not shipped:
-        return (*values, "")
-    rest = []
-    if "position_lr_scale" in shipped:
-        rest.append(f"recency biases and null keys at {shipped['position_lr_scale']:g}× the learning rate")
-    if "value_lr_scale" in shipped:
-        value = shipped["value_lr_scale"]
-        rest.append("the value path kept fixed at its start (a map between the two models' output vocabularies)"
-                    if value == 0 else f"the value path at {value:g}× the learning rate")
-    note = (f"*The fields hold the settings the bridge of the preset `{preset.name}` was trained with"
-            + (f"; Train also applies the rest of them while the bridge is the shipped one: {'; '.join(rest)}"
-               if rest else "") + ". Training goes on from the bridge as it is now.*")
-    return (*values, note)
+    """The Train fields as pressing Train would run them (LabSession.train_config: the recipe, the preset's
+    recorded settings), and a note saying where they come from."""
+    config, preset = session.train_config(), session.preset
+    values = [gr.update(value=getattr(config, k)) for k in TRAIN_FIELDS]
+    recipe = get_recipe(config.recipe)
+    parts = [f"*Recipe **{recipe.name}**: {recipe.summary}"]
+    if preset and preset.train:
+        parts.append(f"The fields hold the settings the bridge of the preset `{preset.name}` was trained with.")
+    scales = [f"{name} at {getattr(config, key):g}× the learning rate" for key, name in (
+        ("position_lr_scale", "recency biases and null keys"), ("value_lr_scale", "the value path"))
+        if getattr(config, key) != 1]
+    if scales:
+        parts.append("Under “All settings”: " + "; ".join(scales) + ".")
+    new = session.calm is not None and is_new(session.calm)
+    parts.append("The recipe starts this new bridge at the first Train.*" if new else
+                 "Training goes on from the bridge as it is now (Start over in the Models tab for a new one).*")
+    return (*values, " ".join(parts))
+
+
+def advanced_settings(session: LabSession):
+    """The folded Train fields: recipe, position and value learning-rate scales, bf16."""
+    config = session.train_config()
+    return (gr.update(value=config.recipe), gr.update(value=config.position_lr_scale),
+            gr.update(value=config.value_lr_scale), gr.update(value=config.bf16))
 
 
 # ---- Inside the bridge tab ---------------------------------------------------------------------

@@ -153,8 +153,10 @@ def test_main_path(app_url, tmp_path):  # noqa: F811
     client.predict(PRESET, api_name="/use_preset")  # back to the untrained preset bridge
     assert client.predict(api_name="/gates")[0] == gates_before[0]
     out = client.predict([handle_file(str(archive))], api_name="/upload_bridge")
-    assert out[-4] == "Bridge loaded." and out[-3]["value"] == "text"  # then the attention map's reading (a text preset)
-    assert out[-2]["value"] == "none" and out[-1]["visible"] is False  # no baseline column: the baselines went with it
+    fresh = out[-8:]  # the bridge message, the attention reading, the baseline menu and column, the folded settings
+    assert fresh[0] == "Bridge loaded." and fresh[1]["value"] == "text"  # the attention map's reading (a text preset)
+    assert fresh[2]["value"] == "none" and fresh[3]["visible"] is False  # no baseline column: the baselines went
+    assert fresh[4]["value"] == "plain" and fresh[5]["value"] == 3.0  # the recipe and the preset's position scale
     assert [r[0] for r in table(out[0])[1]] == ["anchor", "augment 0", "bridge"]
     assert client.predict(api_name="/gates")[:2] == gates[:2]
     still_works(client)
@@ -370,3 +372,17 @@ def test_augment_noise_widget_reaches_the_trainer(app_url):  # noqa: F811
     assert gates_after(1.0) != gates_after(0.0) == gates_after(0.0)
     with pytest.raises(AppError, match="noise on augmenting states must be a number from 0 up to 10"):
         train(lab(app_url), 4, 1e-2, 4, augment_noise=-1.0)
+
+
+def test_a_recipe_fills_the_folded_settings_and_starts_a_new_bridge(client):
+    client.predict(PRESET, api_name="/use_preset")
+    out = client.predict("knowledge", api_name="/choose_recipe")
+    note, recipe, position, value = out[5], out[6], out[7], out[8]
+    assert recipe["value"] == "knowledge" and position["value"] == 25.0 and value["value"] == 0.0
+    assert "Recipe **knowledge**" in note and "kept fixed" not in note and "value path at 0×" in note
+    assert "Start over" in note  # the shipped bridge goes on as it is
+    client.predict(api_name="/reset_bridge")
+    status = client.predict(3, 1e-2, 4, 1.0, 0.0, "calm", "knowledge", 25.0, 0.0, False, api_name="/train")[0]
+    assert "Recipe knowledge" in status and "cache on" in status and "memory ledger" in status, status
+    with pytest.raises(Exception, match="value path: learning rate|value lr scale must be"):
+        client.predict(3, 1e-2, 4, 1.0, 0.0, "calm", "knowledge", 25.0, -1.0, False, api_name="/train")

@@ -92,6 +92,9 @@ class Preset:
                          f"m_A read about. The bridge trained on questions about {len(trained)} of them ({show(trained)}, "
                          f"…); {len(held)} are held out ({show(held)}, …). Ask in a trained form: {forms}. "
                          f"`world.json` in the preset lists everyone.")
+        baselines = self.root / "baselines.md"  # demos/preset_baselines.py: the composition against LoRA and others
+        if baselines.is_file():
+            parts.append(baselines.read_text())
         return "\n\n".join(p for p in parts if p)
 
     @property

@@ -152,3 +152,13 @@ def test_start_over_trains_with_the_recipe_once_and_the_cache_budget_from_the_le
     lab.start_training(lab.train_config(steps=2, batch_size=4, recipe="knowledge"))
     lab.wait()
     assert "This bridge was started by recipe plain" in lab.run.message
+
+
+def test_the_reproduce_in_class_benchmark_runs_the_apps_path(lab, capsys):
+    """benchmarks/reproduce_preset.py at smoke size: use_preset, reset_bridge, train_config, generate, scored."""
+    from benchmarks.reproduce_preset import main
+
+    result = main(["tiny", "--steps", "2", "--limit", "4", "--threads", "1"])
+    assert result["recipe"] == "plain" and result["steps"] == 2 and result["examples"] == 4
+    assert 0 <= result["exact_match"] <= 100 and result["message"].startswith("Recipe plain.")
+    assert '"preset": "tiny"' in capsys.readouterr().out

@@ -18,6 +18,8 @@ from .errors import CALMError
 def _add_models(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--anchor", required=required, help="anchor model: hub id or local folder")
     p.add_argument("--augment", action="append", default=None, help="augmenting model (repeat for several)")
+    p.add_argument("--augment-adapter", action="append", default=None,
+                   help="a LoRA folder merged into the augmenting model of the same position ('' for none)")
     p.add_argument("--bridge", help="a saved bridge folder (its config names the models unless given)")
     p.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
     p.add_argument("--trust-remote-code", action="store_true", help="run model code from the hub (off by default)")
@@ -37,6 +39,7 @@ def _add_bridge_shape(p: argparse.ArgumentParser) -> None:
                    help="a learned null key (zero value) in the cross-attention: the bridge may write nothing")
     p.add_argument("--window", type=int, default=0,
                    help="each anchor token attends only to the N newest augmenting states (0: all visible)")
+    p.add_argument("--no-norm", action="store_true", help="no RMS norm on the augmenting states the bridge reads")
     p.add_argument("--relative", action="store_true",
                    help="each block writes in units of the anchor stream's RMS where it writes (real models' upper "
                         "layers run 10-100x larger than their lower ones)")
@@ -77,9 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .training.config import TrainConfig
 
     defaults = TrainConfig()
-    for name in ("steps", "batch_size", "grad_accum", "warmup_steps", "log_every", "eval_every", "checkpoint_every", "seed"):
+    for name in ("steps", "batch_size", "grad_accum", "warmup_steps", "log_every", "eval_every", "checkpoint_every", "seed",
+                 "accuracy_examples"):
         train.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
-    for name in ("lr", "augment_noise", "weight_decay", "grad_clip", "cache_budget_mb"):
+    for name in ("lr", "augment_noise", "weight_decay", "grad_clip", "cache_budget_mb", "accuracy_share"):
         train.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
     from .training.recipes import RECIPES, describe
 
@@ -88,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
                             + describe().replace("%", "%%"))
     for name in ("gate_lr_scale", "position_lr_scale", "value_lr_scale"):
         train.add_argument("--" + name.replace("_", "-"), type=float, default=None, help="default: the recipe's")
+    from .training.evaluation import SCORERS
+
+    train.add_argument("--accuracy-scoring", choices=tuple(SCORERS), default="exact",
+                       help="how the held-out answers checked while training are compared with their references")
     train.add_argument("--max-length", type=int, default=None)
     train.add_argument("--bf16", action="store_true")
     train.add_argument("--no-augment-cache", action="store_true", help="recompute augmenting states every step")
@@ -117,6 +125,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _config_value(source: str, action: argparse.Action, value):
+    """One option from a config file, checked as its command-line form would be: the message names the key."""
+    key = action.dest
+    if action.nargs == 0:  # a flag
+        if not isinstance(value, bool):
+            raise CALMError(f"{source}: {key} must be true or false, got {value!r}.")
+        return value
+    if value is None:
+        return None
+    if isinstance(action, argparse._AppendAction):
+        items = value if isinstance(value, list) else [value]
+        return [str(v) for v in items]
+    if action.type is _column_map and isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    if action.type is _int_list and isinstance(value, list):
+        value = ",".join(str(v) for v in value)
+    if action.type is not None:
+        whole = action.type is int and isinstance(value, float) and not value.is_integer()
+        try:
+            if isinstance(value, (bool, dict, list)) or whole:
+                raise ValueError
+            value = action.type(value)
+        except (TypeError, ValueError, argparse.ArgumentTypeError):
+            kind = {int: "a whole number", float: "a number"}.get(action.type, "a valid value")
+            raise CALMError(f"{source}: {key} must be {kind}, got {value!r}.") from None
+    if action.choices is not None and value not in action.choices:
+        raise CALMError(f"{source}: {key} must be one of {', '.join(map(str, action.choices))}, got {value!r}.")
+    return value
+
+
 def _parse(argv) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -127,16 +165,18 @@ def _parse(argv) -> argparse.Namespace:
             options = yaml.safe_load(Path(args.config).read_text()) or {}
         except (OSError, yaml.YAMLError) as exc:
             raise CALMError(f"Could not read the config file {args.config}: {exc}") from exc
-        options = {k.replace("-", "_"): v for k, v in options.items()}
-        known = set(vars(args))
-        unknown = sorted(set(options) - known)
+        if not isinstance(options, dict):
+            raise CALMError(f"{args.config} must hold option: value lines, got {type(options).__name__}.")
+        options = {str(k).replace("-", "_"): v for k, v in options.items()}
+        actions = {a.dest: a for a in parser._subparsers._group_actions[0].choices[args.command]._actions}
+        unknown = sorted(set(options) - set(actions) - {"config"})
         if unknown:
-            raise CALMError(f"{args.config}: unknown options {unknown}.")
-        explicit = {a.dest for a in parser._subparsers._group_actions[0].choices[args.command]._actions
-                    if any(opt in argv for opt in a.option_strings)}
+            raise CALMError(f"{args.config}: unknown option{'s' * (len(unknown) > 1)} {', '.join(unknown)}; "
+                            f"`python -m calm_core {args.command} --help` lists them.")
+        explicit = {a.dest for a in actions.values() if any(opt in argv for opt in a.option_strings)}
         for key, value in options.items():
-            if key not in explicit:
-                setattr(args, key, value)
+            if key not in explicit and key != "config":
+                setattr(args, key, _config_value(args.config, actions[key], value))
     return args
 
 
@@ -144,7 +184,7 @@ def _calm_config(args) -> CALMConfig:
     return CALMConfig(every=args.every, anchor_layers=args.anchor_layers, augment_layers=args.augment_layers,
                       num_heads=args.heads, gate=args.gate, insert=args.insert,
                       recency=args.recency, null_slot=args.null_slot, window=args.window,
-                      relative=args.relative)
+                      relative=args.relative, norm=not args.no_norm)
 
 
 def _dtype(name):
@@ -165,7 +205,14 @@ def load_composition(args):
         return ComposedLM.from_pretrained(args.bridge, anchor=anchor, augments=augments, **options)
     if not args.anchor or not args.augment:
         raise CALMError("Give --anchor and at least one --augment, or a saved --bridge.")
-    return ComposedLM.from_names(args.anchor, args.augment, _calm_config(args), **options)
+    adapters = list(args.augment_adapter or [])
+    if not any(adapters):
+        return ComposedLM.from_names(args.anchor, args.augment, _calm_config(args), **options)
+    from .models.adapters import merge_adapter
+
+    augments = [load_causal_lm(name, **options) for name in args.augment]
+    augments = [(merge_adapter(m, a), t) if a else (m, t) for (m, t), a in zip(augments, adapters + [""] * len(augments))]
+    return ComposedLM(load_causal_lm(args.anchor, **options), augments, _calm_config(args))
 
 
 def _data_config(args):
@@ -200,7 +247,7 @@ def cmd_train(args) -> int:
     recipe, examples = recipes.get_recipe(args.recipe), list(splits.train)
     scales = {k: v if getattr(args, k) is None else getattr(args, k) for k, v in recipe.train_fields().items()}
     if args.method == "calm" and recipes.is_new(calm):  # a new bridge starts the recipe's way
-        changes, extra, notes = recipes.prepare(calm, recipe, examples)
+        changes, extra, notes = recipes.prepare(calm, recipe, examples, seed=args.seed)
         scales, examples = {**scales, **changes}, examples + extra
         print("; ".join(notes), file=sys.stderr)
     config = TrainConfig(method=args.method, recipe=recipe.name, **scales,
@@ -209,6 +256,8 @@ def cmd_train(args) -> int:
         warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
         log_every=args.log_every, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
         seed=args.seed, bf16=args.bf16, max_length=args.max_length, cache_augment_states=not args.no_augment_cache,
+        accuracy_examples=args.accuracy_examples, accuracy_share=args.accuracy_share,
+        accuracy_scoring=args.accuracy_scoring,
         cache_budget_mb=args.cache_budget_mb, out_dir=str(out), progress=not args.no_progress,
     )
     trainer = Trainer(calm, examples, splits.validation, config)

@@ -77,8 +77,17 @@ class ComposedLM(Inspection):
                     f"The tokenizer of {member.info.name} is not a fast tokenizer; aligning two different "
                     f"tokenizers needs character offsets, which only fast tokenizers give."
                 )
+        self.bridge = self._new_bridge()
+        # how this bridge started and trains (training/recipes.py, as a dict, saved in bridge_config.json); None: a
+        # new bridge that no recipe has started yet, {}: a loaded bridge saved before recipes were recorded
+        self.recipe: dict | None = None
+        # gate_scale / layers_off / record_attention apply to the calling thread only, so a
+        # training thread and a chat in another thread never see each other's settings.
+        self._local = threading.local()
+
+    def _new_bridge(self) -> Bridge:
         heads = self.config.num_heads or self.anchor.info.num_heads
-        self.bridge = Bridge([
+        return Bridge([
             AugmentBridge(
                 self.config.layer_pairs(self.anchor.info.num_layers, m.info.num_layers),
                 m.info.width, self.anchor.info.width, heads, self.config.gate, self.config.norm,
@@ -86,12 +95,14 @@ class ComposedLM(Inspection):
             )
             for m in self.augments
         ]).to(loading.device_of(self.anchor.model))
-        # how this bridge started and trains (training/recipes.py, as a dict, saved in bridge_config.json); None: a
-        # new bridge that no recipe has started yet, {}: a loaded bridge saved before recipes were recorded
-        self.recipe: dict | None = None
-        # gate_scale / layers_off / record_attention apply to the calling thread only, so a
-        # training thread and a chat in another thread never see each other's settings.
-        self._local = threading.local()
+
+    def reseed_bridge(self, seed: int) -> None:
+        """Give the bridge the initial weights that `seed` draws (gates closed as always), whatever the global random
+        state was: a run started in the app and the same run from the command line start from the same bridge."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            fresh = self._new_bridge()
+        self.bridge.load_state_dict(fresh.state_dict())
 
     @classmethod
     def from_names(cls, anchor: str, augments: list[str], config: CALMConfig | None = None, dtype=None,

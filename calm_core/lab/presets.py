@@ -55,8 +55,12 @@ class Preset:
     train: dict = field(default_factory=dict)
     recipe: str = "plain"  # how its bridge started (training/recipes.py); Start over keeps it
 
-    def scoring(self, label: str) -> str:
+    def scoring(self, label: str | None) -> str:
         return self.eval_scoring.get(label, "exact")
+
+    def held_out_label(self) -> str | None:
+        """The evaluation set of questions the bridge never trained on (its name says held-out), else the first."""
+        return next((n for n in self.eval_files if "held-out" in n), next(iter(self.eval_files), None))
 
     def table_cells(self, label: str) -> dict[str, dict]:
         """{metric: {column: value}} of our table for one evaluation set (exact match: the row of the same name)."""

@@ -15,11 +15,12 @@ from ..errors import CALMError
 from ..training import recipes
 from ..training.config import TrainConfig
 from ..training.data import DataConfig, DataSplits, load_examples, load_splits
-from . import bounds, bridge_files, comparison, replies
+from . import bounds, bridge_files, comparison, replies, run_settings
 from .model_cache import MODEL_CACHE, ModelCache, default_dtype
 from .model_table import layer_labels, model_rows, short_name
 from .presets import Preset, load_preset
 from .resources import LEDGER, attention_map_bytes, data_bytes, device_of_calm, generation_bytes
+from .run_store import RunStore, data_fingerprint
 from .training_run import MAX_RUNS, RUNS, RunState, TrainingRuns  # noqa: F401  (the session's public names)
 
 __all__ = ["LabSession", "ModelCache", "RunState", "layer_labels", "model_rows", "short_name"]
@@ -35,11 +36,22 @@ class LabSession(TrainingRuns):
         self.splits: DataSplits | None = None
         self.run = RunState()
         self.trainer = None  # the Trainer of the current or last run
+        self.record = None  # the kept record (run_store.RunRecord) of the current or last run
         self._thread: threading.Thread | None = None
         self._solo: dict[int, ComposedLM] = {}
         self.baselines: dict = {}  # method -> AnchorBaseline trained on this session's anchor
         self.recipe = recipes.DEFAULT_RECIPE  # how Train starts a new bridge (a preset's: the one it was made with)
+        self.adapters: list[str | None] = []  # per augmenting model, the LoRA folder merged into it
+        self.data_info: dict = {}  # where the training data came from (runs record it; resuming checks it)
+        self.loaded_settings: dict = {}  # TrainConfig fields from a settings file the Train tab loaded
+        self.runs = RunStore()  # every run of this session, kept (run_store.py)
         self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """The session ends (its page went away): stop its run, remove its runs folder."""
+        self.stop_training()
+        self.wait(30)
+        self.runs.close()
 
     # ---- models -------------------------------------------------------------------------------
 
@@ -65,6 +77,7 @@ class LabSession(TrainingRuns):
             str(Path(p).resolve()) for p in [preset.anchor] + preset.augments] and [
             str(a) if a else None for a in adapters] == [str(a) if a else None for a in preset.augment_adapters]
         self.calm, self.names, self._solo, self.run = calm, [anchor] + augments, {}, RunState()
+        self.adapters = [str(a) if a else None for a in adapters]
         self.baselines = {}
         self.preset, self.preset_bridge = (preset if same else None), False
         return calm
@@ -75,7 +88,7 @@ class LabSession(TrainingRuns):
         self.build(str(preset.anchor), [str(p) for p in preset.augments], bridge=preset.bridge, dtype=None,
                    adapters=preset.augment_adapters)
         self.preset, self.preset_bridge = preset, preset.bridge is not None
-        self.recipe = preset.recipe
+        self.recipe, self.loaded_settings = preset.recipe, {}
         self.splits = None
         if preset.train_file is not None:
             self.set_data(preset.train_file, validation_path=preset.validation_file)
@@ -117,9 +130,10 @@ class LabSession(TrainingRuns):
         own = self.preset is not None and recipe.name == self.preset.recipe
         shipped = {k: v for k, v in (self.preset.train if self.preset else {}).items()
                    if k in TrainConfig.__dataclass_fields__ and (own or k not in recipe.train_fields())}
-        steps = int(changes.get("steps", shipped.get("steps", TrainConfig.steps)))
+        steps = int(changes.get("steps", self.loaded_settings.get("steps", shipped.get("steps", TrainConfig.steps))))
+        scoring = self.preset.scoring(self.preset.held_out_label()) if self.preset else "exact"
         return TrainConfig(**{**bounds.schedule(steps), **recipe.train_fields(), **shipped, "recipe": recipe.name,
-                              "progress": False, **changes})
+                              "progress": False, "accuracy_scoring": scoring, **self.loaded_settings, **changes})
 
     def baseline(self, name: str):
         """The baseline trained last with method `name` ("lora", "finetune"): generate() and logits() as a ComposedLM."""
@@ -139,7 +153,28 @@ class LabSession(TrainingRuns):
                             "JSON (JSON is read into Python objects, about 20 bytes per byte of the file)."):
             splits = load_splits(path, validation_path, DataConfig(column_map=column_map, validation_fraction=validation_fraction))
         self.splits = splits
+        self.data_info = {"train": str(Path(path).resolve()), "source": splits.source,
+                          "validation": str(Path(validation_path).resolve()) if validation_path else None,
+                          "validation_fraction": validation_fraction, "column_map": column_map or None,
+                          "examples": len(splits.train), "fingerprint": data_fingerprint(splits),
+                          "preset": self.preset.name if self.preset else None}
         return splits
+
+    def load_settings(self, path_or_text) -> tuple[dict, str]:
+        """A settings file (YAML or JSON, as a run exports it) for the next Train: every key checked. Returns the
+        fields and a note of what the file asked for that the session does not have (other models or data)."""
+        fields = run_settings.read_settings(path_or_text)
+        source = fields.pop("_source")
+        if "recipe" in fields:
+            self.set_recipe(fields["recipe"])
+        self.loaded_settings = {k: v for k, v in fields.items() if k != "recipe"}
+        notes = []
+        if source.get("anchor") and [source.get("anchor")] + list(source.get("augment") or []) != self.names:
+            notes.append("it was made for " + " + ".join([str(source.get("anchor"))] + [str(a) for a in
+                         source.get("augment") or []]) + "; the session's models stay")
+        if source.get("data") and str(Path(str(source["data"])).resolve()) != self.data_info.get("train"):
+            notes.append(f"it names the data {Path(str(source['data'])).name}; the session's data stay")
+        return fields, "; ".join(notes)
 
     # ---- chat and inspection ------------------------------------------------------------------
 

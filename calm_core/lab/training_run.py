@@ -1,19 +1,23 @@
 """A session's training run: the recipe's start on a new bridge, the memory checked before work starts (the frozen-
-state cache gets what the memory ledger says this session may still use), the run in a thread of its own, and what
-the app shows of it (RunState: step, loss, time left). LabSession inherits this; a failed start leaves the session
+state cache gets what the memory ledger says this session may still use), the run in a thread of its own, what the
+app shows of it (RunState: step, loss, held-out exact match, time left), and every run kept in the session's runs
+folder (run_store.py), from which a stopped one resumes. LabSession inherits this; a failed start leaves the session
 as it was."""
 from __future__ import annotations
 
 import os
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
+from ..engine.compose import ComposedLM
 from ..errors import CALMError
 from ..training import recipes
 from ..training.trainer import TrainConfig, Trainer
-from . import bounds, comparison
+from . import bounds, comparison, run_settings
 from .resources import LEDGER, device_of_calm, frozen_cache_bytes, training_bytes
+from .run_store import RunRecord
 
 MAX_RUNS = int(os.environ.get("CALM_MAX_RUNS", "8"))  # training runs at once in this process
 RUNS = threading.BoundedSemaphore(MAX_RUNS)
@@ -32,6 +36,8 @@ class RunState:
     history: list[dict] = field(default_factory=list)
     started: float = 0.0  # time.perf_counter() at the first step's record
     started_step: int = 0
+    accuracy: list[dict] = field(default_factory=list)  # held-out exact match: {"step", "exact_match", "seconds"}
+    run_id: str = ""  # the run's id in the session's runs (run_store.py)
 
     def eta_s(self) -> float | None:
         """Seconds left at the pace since the first record (None before two records)."""
@@ -47,6 +53,8 @@ class RunState:
             parts.append(f"loss {last['loss']:.4f}")
             if last.get("val_loss") is not None:
                 parts.append(f"validation loss {last['val_loss']:.4f}")
+            if self.accuracy:
+                parts.append(f"held-out exact match {self.accuracy[-1]['exact_match']:.0f}%")
             recent = [h["tokens_per_s"] for h in self.history[-5:]]  # smoothed: one window can be a few ms
             parts.append(f"{sum(recent) / len(recent):.0f} tokens/s")
             left = self.eta_s()
@@ -68,9 +76,10 @@ class TrainingRuns:
         if self.training:
             raise CALMError(f"A training run is in progress; stop it before you {what}.")
 
-    def start_training(self, config: TrainConfig) -> RunState:
+    def start_training(self, config: TrainConfig, name: str = "", resume: str | None = None) -> RunState:
         """Check the run fits (batch against memory, at the data's longest example), then train in a
-        thread of its own; the examples are prepared there, so Stop is answered at once."""
+        thread of its own; the examples are prepared there, so Stop is answered at once. The run is kept in
+        the session's runs under `name`; `resume`: a kept run's id, continued from its last checkpoint."""
         with self._lock:  # two clicks on Train in one session start one run
             calm = self.require()
             self._refuse_while_training("start another")
@@ -80,15 +89,46 @@ class TrainingRuns:
                 raise CALMError(f"{MAX_RUNS} training runs are in progress on this server, as many as it takes at "
                                 "once (they share its processors); try again when one has ended.")
             try:
-                return self._start(calm, config)
+                if resume:
+                    record = self.runs.get(resume)
+                    calm, config = self._resumable(calm, record), TrainConfig(**{**record.settings, "progress": False})
+                    return self._start(calm, config, record)
+                return self._start(calm, config, name=name)
             except BaseException:
                 RUNS.release()
                 raise
 
-    def _start(self, composed, config: TrainConfig) -> RunState:
-        examples, notes = list(self.splits.train), []
-        if config.method == "calm" and recipes.is_new(composed):  # the recipe starts a new bridge, once
-            changes, extra, notes = recipes.prepare(composed, recipes.get_recipe(config.recipe), examples)
+    def _resumable(self, calm, record: RunRecord):
+        """The composition a kept run resumes on: the same models and data, else a CALMError that says why; a
+        bridge of another shape is rebuilt in the run's shape (its weights come from the checkpoint)."""
+        why = []
+        if record.settings.get("method") != "calm":
+            why.append(f"it trained a {record.settings.get('method')} baseline; baselines train again from the start")
+        if record.models != self.names or record.adapters != self.adapters:
+            why.append(f"it trained on {' + '.join(record.models)}, the session now has {' + '.join(self.names)}")
+        if record.data.get("fingerprint") != self.data_info.get("fingerprint"):
+            why.append(f"it trained on other data ({record.data.get('source')}); choose the same data first")
+        if record.checkpoint() is None:
+            why.append("it kept no checkpoint")
+        elif record.step >= record.settings["steps"] and record.status == "finished":
+            why.append(f"it finished all {record.settings['steps']:,} steps; start a new run to train further")
+        if why:
+            raise CALMError(f"{record.id} cannot resume here: " + "; ".join(why) + ".")
+        if asdict(calm.config) != record.bridge_config:
+            from ..engine.config import CALMConfig
+
+            pairs = [(m.model, m.tokenizer) for m in [calm.anchor] + calm.augments]
+            calm = ComposedLM(pairs[0], pairs[1:], CALMConfig(**record.bridge_config))
+        self.calm, self.preset_bridge, self._solo = calm, False, {}
+        return calm
+
+    def _start(self, composed, config: TrainConfig, record: RunRecord | None = None, name: str = "") -> RunState:
+        examples, notes, extra, asked_budget = list(self.splits.train), [], [], config.cache_budget_mb
+        if record is not None:  # resuming: the rows the recipe added then, not a new start
+            extra = self.runs.load_examples(record)
+            examples, notes = examples + extra, [f"resuming {record.id} from step {record.step:,}"]
+        elif config.method == "calm" and recipes.is_new(composed):  # the recipe starts a new bridge, once
+            changes, extra, notes = recipes.prepare(composed, recipes.get_recipe(config.recipe), examples, config.seed)
             config, examples = replace(config, **changes), examples + extra
         elif config.method == "calm" and composed.recipe and composed.recipe.get("name") != config.recipe:
             notes = [f"this bridge was started by recipe {composed.recipe.get('name')}; recipe {config.recipe}'s "
@@ -111,16 +151,31 @@ class TrainingRuns:
                                      "fits now: lower the batch size.", device)
         reservation.__enter__()  # held until the run ends, released in _train
         said = "; ".join(notes)
-        self.run = RunState(total=config.steps, running=True, prepared=(0, len(examples)),
-                            message=said[:1].upper() + said[1:] + ("." if said else ""))
+        fresh = record is None
         try:
+            if fresh:
+                kept = {k: v for k, v in asdict(config).items() if k not in ("out_dir", "progress")}
+                kept["cache_budget_mb"] = asked_budget  # None: what memory allows where it runs
+                record = self.runs.new(name, models=list(self.names), adapters=list(self.adapters),
+                                       bridge_config=asdict(composed.config), settings=kept, data=dict(self.data_info))
+                self.runs.save_examples(record, extra)
+            config = replace(config, out_dir=record.folder)
             self.trainer = Trainer(calm, examples, self.splits.validation, config, callback=self._record)
             self.trainer.cache_budget_name = budget_name
+            if not fresh:
+                self.trainer.resume(record.checkpoint())
+                composed.recipe = _recipe_of(record.checkpoint())
         except BaseException:
-            self.run.running = False
+            if fresh and record is not None:
+                record.status, record.message = "failed", "It failed to start."
+                self.runs.save(record)
             reservation.__exit__(None, None, None)
             raise
-        self.trainer.step = 0
+        record.status, self.record = "running", record
+        self.run = RunState(total=config.steps, running=True, prepared=(0, len(examples)), run_id=record.id,
+                            message=said[:1].upper() + said[1:] + ("." if said else ""),
+                            history=[dict(h) for h in self.trainer.history], step=self.trainer.step,
+                            accuracy=list(self.trainer.probe.curve) if self.trainer.probe else [])
         self._thread = threading.Thread(target=self._train, args=(reservation,), name="calm-training", daemon=True)
         self._thread.start()
         return self.run
@@ -130,14 +185,28 @@ class TrainingRuns:
             self.run.started, self.run.started_step = time.perf_counter(), record["step"]
         self.run.history.append(record)
         self.run.step = record["step"]
+        if self.trainer is not None and self.trainer.probe is not None:
+            self.run.accuracy = list(self.trainer.probe.curve)
+        self._keep()
+
+    def _keep(self, status: str | None = None) -> None:
+        """The current run's record, brought up to date in its folder (per-channel gates left out: the means stay)."""
+        record = self.record
+        record.history = [{k: v for k, v in h.items() if k != "gate_values"} for h in self.run.history]
+        record.accuracy = list(self.run.accuracy)
+        record.seconds = self._seconds_before + time.perf_counter() - self._run_started
+        record.status, record.message = status or record.status, self.run.message
+        self.runs.save(record)
 
     def _prepared(self, done: int, total: int) -> None:
         self.run.prepared = (done, total)
 
     def _train(self, reservation) -> None:
-        started = self.run.message
+        started, status = self.run.message, "failed"
+        self._run_started, self._seconds_before = time.perf_counter(), self.record.seconds
         try:
             result = self.trainer.train(prepare_progress=self._prepared)
+            status = result.stop_reason
             if self.trainer.config.method != "calm":
                 self.baselines[self.trainer.config.method] = self.trainer.calm
             self.run.step = result.step
@@ -146,11 +215,22 @@ class TrainingRuns:
                 self.run.message += f" {result.truncated} examples were truncated to the models' context."
             if result.cache_note:  # "cache on: ..." / "cache off: ...", with the budget that decided
                 self.run.message += f" Frozen-state {result.cache_note}"
+            if result.accuracy_note:
+                self.run.message += f" The {result.accuracy_note}."
         except CALMError as exc:
             self.run.message = str(exc)
         except Exception as exc:  # surfaced in the page; the bridge keeps its last state
             self.run.message = f"Training failed: {type(exc).__name__}: {exc}"
         finally:
+            try:
+                if self.trainer.probe is not None:
+                    self.run.accuracy = list(self.trainer.probe.curve)
+                if status == "failed" and self.trainer.step and self.trainer.config.method == "calm":
+                    self.trainer.save_checkpoint(Path(self.record.folder) / "checkpoints" / f"step-{self.trainer.step:06d}")
+                self.runs.prune_checkpoints(self.record)
+                self._keep(status)
+            except Exception as exc:  # the run's record is a convenience; the run's own outcome stands
+                self.run.message += f" (Keeping the run's record failed: {exc}.)"
             self.run.running = False
             reservation.__exit__(None, None, None)
             RUNS.release()
@@ -165,3 +245,28 @@ class TrainingRuns:
     def wait(self, timeout: float | None = None) -> None:
         if self._thread is not None:
             self._thread.join(timeout)
+
+    # ---- kept runs ------------------------------------------------------------------------------
+
+    def run_settings_file(self, run_id: str, directory) -> Path:
+        """The run's settings as YAML with the command line's option names (`python -m calm_core train --config`)."""
+        record = self.runs.get(run_id)
+        path = Path(directory) / f"{record.id}.yaml"
+        path.write_text(run_settings.to_yaml(record))
+        return path
+
+    def run_command(self, run_id: str) -> str:
+        return run_settings.to_command(self.runs.get(run_id))
+
+    def run_archive(self, run_id: str) -> Path:
+        """The run's folder as one .zip: bridge, optimizer state, settings (run.json) and history."""
+        record = self.runs.get(run_id)
+        if record.status == "running":
+            raise CALMError(f"{record.id} is still training; download it when it has ended (or Stop it).")
+        return self.runs.archive(record)
+
+
+def _recipe_of(checkpoint) -> dict:
+    from ..engine.persistence import read_description
+
+    return read_description(checkpoint).get("recipe") or {}

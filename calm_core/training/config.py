@@ -3,7 +3,7 @@ creation), what it reports (TrainResult), its learning-rate schedule and which p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from ..errors import CALMError
 
@@ -43,6 +43,11 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int = 50
     eval_examples: int = 256
+    # held-out exact match while training (accuracy_probe.py): this many validation examples with short answers,
+    # decoded in one batch as often as keeps the decoding within accuracy_share of the run's time; 0: off
+    accuracy_examples: int = 32
+    accuracy_share: float = 0.1
+    accuracy_scoring: str = "exact"  # how answers are compared (evaluation.SCORERS), e.g. a preset's "result"
     checkpoint_every: int = 0  # 0: a checkpoint only at the end (when out_dir is set)
     seed: int = 0
     bf16: bool = False
@@ -60,26 +65,59 @@ class TrainConfig:
     recipe: str = "plain"
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every"):
-            if getattr(self, name) < 1:
-                raise CALMError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}.")
-        if self.lr <= 0:
-            raise CALMError(f"TrainConfig.lr must be > 0, got {self.lr}.")
-        if not math.isfinite(self.augment_noise) or self.augment_noise < 0:
-            raise CALMError(f"TrainConfig.augment_noise must be >= 0, got {self.augment_noise}.")
-        for name in ("gate_lr_scale", "position_lr_scale"):
-            if not getattr(self, name) > 0:
-                raise CALMError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)}.")
-        if not (math.isfinite(self.value_lr_scale) and self.value_lr_scale >= 0):
-            raise CALMError(f"TrainConfig.value_lr_scale must be >= 0, got {self.value_lr_scale}.")
-        if self.method not in ("calm", "lora", "finetune"):
-            raise CALMError(f"TrainConfig.method must be 'calm', 'lora' or 'finetune', got {self.method!r}.")
+        """Every field checked against its type and range (RANGES), with a message that names the field and what
+        it allows: a config file or a form can hold anything."""
+        for f in fields(self):
+            value, kind = getattr(self, f.name), f.type.replace(" | None", "")
+            if value is None and "None" in f.type:
+                continue
+            if kind in ("int", "float") and (isinstance(value, bool) or not isinstance(value, (int, float)) or
+                                             (kind == "int" and value != int(value))):
+                raise CALMError(f"TrainConfig.{f.name} must be {'a whole number' if kind == 'int' else 'a number'}"
+                                f"{_range_text(f.name)}, got {value!r}.")
+            if kind == "int" and not isinstance(value, int):
+                setattr(self, f.name, int(value))  # 3.0 from a form or a file is 3
+            if kind == "bool" and not isinstance(value, bool):
+                raise CALMError(f"TrainConfig.{f.name} must be true or false, got {value!r}.")
+            if kind == "str" and not isinstance(value, str):
+                raise CALMError(f"TrainConfig.{f.name} must be text, got {value!r}.")
+            if f.name in RANGES and not _within(value, *RANGES[f.name]):
+                raise CALMError(f"TrainConfig.{f.name} must be{_range_text(f.name)}, got {value!r}.")
+        from .evaluation import SCORERS
         from .recipes import RECIPES
 
-        if self.recipe not in RECIPES:
-            raise CALMError(f"TrainConfig.recipe must be one of {', '.join(RECIPES)}, got {self.recipe!r}.")
+        for name, allowed in (("method", ("calm", "lora", "finetune")), ("recipe", tuple(RECIPES)),
+                              ("accuracy_scoring", tuple(SCORERS))):
+            if getattr(self, name) not in allowed:
+                raise CALMError(f"TrainConfig.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}.")
         if self.batch_size % self.grad_accum:
             raise CALMError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}.")
+
+
+# (lowest, highest, lowest excluded) per numeric field; None: no bound on that side
+RANGES = {
+    "steps": (1, None, False), "lr": (0, None, True), "batch_size": (1, None, False), "grad_accum": (1, None, False),
+    "warmup_steps": (0, None, False), "weight_decay": (0, 1, False), "gate_lr_scale": (0, None, True),
+    "position_lr_scale": (0, None, True), "value_lr_scale": (0, None, False), "grad_clip": (0, None, False),
+    "augment_noise": (0, None, False), "log_every": (1, None, False), "eval_every": (1, None, False),
+    "eval_examples": (0, None, False), "accuracy_examples": (0, 4096, False), "accuracy_share": (0, 1, True),
+    "checkpoint_every": (0, None, False), "seed": (0, 2**63 - 1, False), "max_length": (1, None, False),
+    "cache_budget_mb": (0, None, False),
+}
+
+
+def _within(value, low, high, low_open) -> bool:
+    return math.isfinite(value) and (low is None or value > low or (value == low and not low_open)) and (
+        high is None or value <= high)
+
+
+def _range_text(name: str) -> str:
+    if name not in RANGES:
+        return ""
+    low, high, low_open = RANGES[name]
+    if high is None:
+        return f" {'>' if low_open else '>='} {low}"
+    return f" in {'(' if low_open else '['}{low}, {high}]"
 
 
 @dataclass
@@ -90,6 +128,7 @@ class TrainResult:
     message: str = ""
     truncated: int = 0
     augment_cache: bool = False
+    accuracy_note: str = ""  # the held-out exact match at the end, and what checking it cost (accuracy_probe.py)
     cache_note: str = ""  # why the frozen models' states were or were not cached (their size against the budget)
 
 

@@ -74,12 +74,15 @@ def is_new(calm) -> bool:
     return getattr(calm, "recipe", None) is None
 
 
-def prepare(calm, recipe: Recipe, examples: list) -> tuple[dict, list, list[str]]:
+def prepare(calm, recipe: Recipe, examples: list, seed: int | None = None) -> tuple[dict, list, list[str]]:
     """Start a new bridge the recipe's way. Returns (TrainConfig fields to change from the recipe's, rehearsal
     examples to add to the training data, notes): where a step cannot apply (no shared tokens, no block that reads
     a final state), the value path starts at random and trains at the full learning rate instead, and a note says
-    so. The recipe is recorded on the bridge (calm.recipe), and saved with it."""
+    so. The recipe is recorded on the bridge (calm.recipe), and saved with it. `seed` (the run's): the bridge's
+    initial weights are drawn from it first, so the app and the command line start a run from the same bridge."""
     changes, notes = {}, [f"recipe {recipe.name}"]
+    if seed is not None and hasattr(calm, "reseed_bridge"):
+        calm.reseed_bridge(seed)
     if recipe.value_start == "vocabulary":
         notes.append(_vocabulary_start(calm, recipe, examples, changes))
     extra = []

@@ -12,27 +12,23 @@ import copy
 import json
 import logging
 import math
-import os
-import shutil
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from ..engine.bridge import noisy_augment_states
-from ..engine.persistence import save_bridge
 from ..errors import CALMError
+from . import checkpoints
+from .accuracy_probe import AccuracyProbe
 from .anchor_targets import kept_row_losses
 from .batches import collate, predicting_positions, token_losses
 from .config import TrainConfig, TrainResult, lr_factor, parameter_role  # noqa: F401  (the public names)
 from .data import Example
 from .distributed import Distributed
 from .frozen_cache import FrozenStates, cache_bytes, free_memory_bytes
-from .optimizer_state import flatten_optimizer, load_optimizer
 from .prepared_rows import PreparedRows
 
 log = logging.getLogger("calm_core.training")
@@ -67,6 +63,9 @@ class Trainer:
         self.history: list[dict] = []
         self._stop = threading.Event()
         self._states: FrozenStates | None = None  # the frozen models' states, once per row (cache_augment_states)
+        probe = AccuracyProbe(calm, validation or [], self.config.accuracy_examples, self.config.accuracy_scoring,
+                              self.config.accuracy_share) if self.config.accuracy_examples else None
+        self.probe = probe if probe and self.dist.rank == 0 and self.dist.world == 1 else None
 
     @property
     def truncated(self) -> int:
@@ -221,12 +220,16 @@ class Trainer:
             progress = _progress(cfg.progress and self.dist.rank == 0, self.step, cfg.steps)
             last_good = self._snapshot()  # the bridge and optimizer before the last step that went well
             window_loss, window_tokens, window_start, val_loss = 0.0, 0, time.perf_counter(), None
+            probe, trained_s = self.probe, 0.0
+            if probe and (not probe.curve or probe.curve[-1]["step"] != self.step):
+                probe.measure(self.step)  # where the curve starts: a closed bridge answers as the anchor does
             while self.step < cfg.steps:
                 if self._stop.is_set():
                     result.stop_reason, result.message = "stopped", f"Stopped at step {self.step}; the bridge keeps what it learned."
                     break
-                before = self._snapshot()
+                before, step_started = self._snapshot(), time.perf_counter()
                 loss, tokens = self._train_step(use_cache)
+                trained_s += time.perf_counter() - step_started
                 if not math.isfinite(loss) or not self._finite():
                     failed = self.step
                     self._restore(last_good)
@@ -241,9 +244,14 @@ class Trainer:
                 last = self.step == cfg.steps
                 if self.step % cfg.eval_every == 0 or last:
                     val_loss = self.validation_loss()
-                if self.step % cfg.log_every == 0 or last:
+                accuracy = None
+                if probe and (last or probe.due(trained_s)):
+                    accuracy = probe.measure(self.step)
+                    window_start += probe.curve[-1]["seconds"]  # tokens/s counts training only
+                if self.step % cfg.log_every == 0 or last or accuracy is not None:
                     elapsed = time.perf_counter() - window_start
-                    record = self._record(window_loss / max(1, window_tokens), val_loss, window_tokens / max(elapsed, 1e-9))
+                    record = self._record(window_loss / max(1, window_tokens), val_loss, window_tokens / max(elapsed, 1e-9),
+                                          accuracy)
                     progress.set_postfix(loss=f"{record['loss']:.4f}")
                     window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
                 if cfg.out_dir and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and not last:
@@ -253,6 +261,10 @@ class Trainer:
         finally:
             progress.close()
             self._stop.clear()  # a stop asked for before train() began still counts; afterwards it is spent
+        if self.probe and result.stop_reason == "stopped" and self.probe.curve[-1:] and \
+                self.probe.curve[-1]["step"] != self.step:
+            self.probe.measure(self.step)  # where a stopped run ends
+        result.accuracy_note = self.probe.summary() if self.probe else ""
         if cfg.out_dir:
             self.save_checkpoint(Path(cfg.out_dir) / "checkpoints" / f"step-{self.step:06d}")
         result.step, result.truncated = self.step, self.train_rows.truncated + self.val_rows.truncated
@@ -272,10 +284,10 @@ class Trainer:
     def _finite(self) -> bool:
         return all(bool(torch.isfinite(p).all()) for p in self.calm.bridge.parameters())
 
-    def _record(self, loss: float, val_loss: float | None, tokens_per_s: float) -> dict:
+    def _record(self, loss: float, val_loss: float | None, tokens_per_s: float, accuracy: float | None = None) -> dict:
         gates = self.calm.gates()
         record = {
-            "step": self.step, "loss": loss, "val_loss": val_loss,
+            "step": self.step, "loss": loss, "val_loss": val_loss, "accuracy": accuracy,
             "lr": self.optimizer.param_groups[0]["lr"],
             "gates": [float(g.abs().mean()) for g in gates],
             "gate_values": [g.tolist() for g in gates],
@@ -291,41 +303,14 @@ class Trainer:
             self.callback(record)
         return record
 
-    # ---- checkpoints --------------------------------------------------------------------------
+    # ---- checkpoints (checkpoints.py) ----------------------------------------------------------
 
-    def save_checkpoint(self, directory) -> Path | None:
-        """Bridge (JSON + safetensors) and optimizer state, written to a temporary folder and
-        renamed into place, so a checkpoint is either complete or absent."""
-        directory = Path(directory)
-        if self.dist.rank == 0:
-            tmp = directory.with_name(directory.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            extra = {"train_config": asdict(self.config), "step": self.step}
-            save = getattr(self.calm, "save_trained", None)  # a baseline (baselines.py) saves its own tensors
-            save(tmp, extra) if save else save_bridge(self.calm, tmp, extra=extra)
-            tensors, meta = flatten_optimizer(self.optimizer)
-            save_file(tensors, str(tmp / "optimizer.safetensors"))
-            (tmp / "trainer_state.json").write_text(json.dumps({"step": self.step, "optimizer": meta, "history": self.history}))
-            shutil.rmtree(directory, ignore_errors=True)
-            os.replace(tmp, directory)
-        self.dist.barrier()
-        return directory
+    def save_checkpoint(self, directory) -> Path:
+        return checkpoints.save_checkpoint(self, directory)
 
     def resume(self, directory) -> None:
         """Continue from a checkpoint written by save_checkpoint."""
-        from ..engine.persistence import check_calm_fits, load_bridge_weights, read_description
-
-        directory = Path(directory)
-        if hasattr(self.calm, "save_trained"):
-            raise CALMError("Resuming is for bridges; train a baseline again from the start.")
-        check_calm_fits(read_description(directory), self.calm)
-        state_path = directory / "trainer_state.json"
-        if not state_path.is_file():
-            raise CALMError(f"{directory} is a bridge but not a training checkpoint (no trainer_state.json).")
-        load_bridge_weights(self.calm, directory)
-        state = json.loads(state_path.read_text())
-        load_optimizer(self.optimizer, load_file(str(directory / "optimizer.safetensors")), state["optimizer"])
-        self.step, self.history[:] = state["step"], state["history"]
+        checkpoints.resume(self, directory)
 
 
 LAZY_CHUNKS = 256  # prepared chunks of 64 rows kept from a larger data set (the rest are made again when met)

@@ -1,0 +1,65 @@
+"""Held-out exact match while a bridge trains: a small fixed validation sample, decoded greedily in one batch, at
+an interval chosen from what decoding costs, so that the probe takes at most `share` of the run (10% by default).
+
+The loss says the bridge is learning; this curve says the answers are becoming right, which is what a student came to
+see. The interval is not a setting: after each measurement the probe waits until the training time since the start
+is large enough that all measurements so far stay within the share. The first (before step one) and the last (at the
+end) are always taken."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .data import Example
+from .evaluation import SCORERS
+
+LONGEST_ANSWER = 32  # tokens: references longer than this are text to write, not answers to match exactly
+
+
+class AccuracyProbe:
+    def __init__(self, calm, examples: list[Example], sample: int = 32, scoring: str = "exact", share: float = 0.1):
+        tokenizer = calm.anchor.tokenizer
+        lengths = [len(tokenizer(e.completion, add_special_tokens=False)["input_ids"]) for e in examples[:4 * sample]
+                   if e.completion.strip() and not e.keep_anchor]
+        chosen = [e for e in examples[:4 * sample] if e.completion.strip() and not e.keep_anchor]
+        pairs = [(e, n) for e, n in zip(chosen, lengths) if n <= LONGEST_ANSWER][:sample]
+        self.calm, self.examples = calm, [e for e, _ in pairs]
+        self.max_new_tokens = max((n for _, n in pairs), default=1) + 1  # one more: the answer must also end
+        self.score, self.share = SCORERS[scoring], share
+        self.curve: list[dict] = []  # {"step", "exact_match" (%), "seconds"} per measurement
+        self.spent_s = 0.0  # time decoding, all measurements
+        self.trained_s = 0.0  # training time since the start, told by the trainer
+
+    def __bool__(self) -> bool:
+        return bool(self.examples)
+
+    def due(self, trained_s: float) -> bool:
+        """Whether to measure now: another measurement (at the dearest one's cost so far) keeps the probe within its
+        share of the training time."""
+        self.trained_s = trained_s
+        cost = max((p["seconds"] for p in self.curve), default=0.0)
+        return self.spent_s + cost <= self.share * trained_s
+
+    @torch.no_grad()
+    def measure(self, step: int) -> float:
+        """Exact match (%) of the sample's greedy answers at `step`, decoded as one batch with KV caches."""
+        started = time.perf_counter()
+        training = self.calm.bridge.training
+        self.calm.bridge.eval()
+        try:
+            answers = self.calm.generate([e.prompt for e in self.examples], max_new_tokens=self.max_new_tokens)
+        finally:
+            self.calm.bridge.train(training)
+        right = sum(self.score(a) == self.score(e.completion) for a, e in zip(answers, self.examples))
+        seconds = time.perf_counter() - started
+        self.spent_s += seconds
+        self.curve.append({"step": step, "exact_match": 100.0 * right / len(self.examples), "seconds": seconds})
+        return self.curve[-1]["exact_match"]
+
+    def summary(self) -> str:
+        if not self.curve:
+            return ""
+        share = self.spent_s / max(self.trained_s + self.spent_s, 1e-9)
+        return (f"held-out exact match {self.curve[-1]['exact_match']:.1f}% on {len(self.examples)} validation "
+                f"examples (checked {len(self.curve)} times, {100 * share:.0f}% of the run's time)")

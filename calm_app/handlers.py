@@ -159,23 +159,23 @@ def use_data(session, file, preset_file, prompt_col, completion_col, text_col, v
 
 @friendly
 def train(session, steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0, method="calm", recipe=None,
-          position_lr_scale=None, value_lr_scale=None, bf16=None):
+          position_lr_scale=None, value_lr_scale=None, bf16=None, run_name=""):
     session = require(session)
     config = session.train_config(**bounds.train_fields(
         steps, lr, batch_size, gate_lr_scale, augment_noise, method or "calm", recipe=recipe,
         position_lr_scale=position_lr_scale, value_lr_scale=value_lr_scale, bf16=bf16))
-    run = session.start_training(config)
+    run = session.start_training(config, name=str(run_name or "").strip()[:80])
     labels = session.require().layer_pairs() if config.method == "calm" else []  # a baseline has no gates
     try:
         while session.training or run.running:
             session.wait(0.7)
-            yield views.train_view(run, labels) + (None,)
+            yield views.train_view(run, labels) + (None, views.accuracy_view(run))
     except GeneratorExit:  # the page went away: stop, keeping what was learned
         session.stop_training()
         raise
     if config.method != "calm" and config.method in session.baselines:
         run.message += " " + views.baseline_note(session, config.method)
-    yield views.train_view(run, labels) + (None,)
+    yield views.train_view(run, labels) + (None, views.accuracy_view(run))
 
 
 @friendly

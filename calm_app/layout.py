@@ -13,6 +13,7 @@ from calm_core.lab.presets import list_presets
 from calm_core.training.evaluation import METRICS
 
 from . import handlers as h
+from . import run_handlers as rh
 from . import views
 
 DEFAULT_PRESET = os.environ.get("CALM_DEFAULT_PRESET", "kv_arithmetic")
@@ -100,11 +101,16 @@ def data_tab(w: SimpleNamespace) -> None:
                              "the composition, as the paper's comparison with LoRA does.")
     w.train_note = gr.Markdown()
     with gr.Row():
+        w.run_name = gr.Textbox(label="run name (the Runs tab keeps every run)", placeholder="e.g. lr 2e-3, knowledge",
+                                max_length=80, scale=2)
+        w.settings_upload = gr.File(label="Load a settings file (.yaml / .json, as the Runs tab exports it)",
+                                    file_types=[".yaml", ".yml", ".json"], height=110, scale=2)
         w.train_btn = gr.Button("Train", variant="primary")
         w.stop_btn = gr.Button("Stop", variant="stop")
     w.train_status = gr.Markdown()
     with gr.Row():
         w.loss_plot = gr.Plot(label="Loss")
+        w.acc_plot = gr.Plot(label="Held-out exact match: the validation sample's answers, checked while training")
         w.gate_plot = gr.Plot(label="Gates")
     with gr.Row():
         w.download_btn = gr.Button("Prepare bridge download")
@@ -113,6 +119,35 @@ def data_tab(w: SimpleNamespace) -> None:
                                   file_types=[".zip", ".json", ".safetensors"], height=200)
     w.bridge_status = gr.Markdown()
     gr.Markdown("*A bridge is a .zip from “Prepare bridge download”, or its bridge_config.json with bridge.safetensors.*")
+
+
+def runs_tab(w: SimpleNamespace) -> None:
+    gr.Markdown("Every training run of this session is kept: its settings, curves, scores and bridge. Tick two or more "
+                "to **overlay their loss, held-out exact match and gate curves** and list the settings in which they "
+                "differ. The first ticked run can be exported as a settings file and the equivalent command "
+                "(`python -m calm_core train --config FILE` trains it again), downloaded as one .zip (bridge, optimizer "
+                "state, settings, history), or resumed from its last checkpoint when it was stopped.")
+    with gr.Row():
+        w.runs_pick = gr.CheckboxGroup([], label="runs of this session", scale=4)
+        w.runs_refresh = gr.Button("Refresh", scale=1)
+    w.runs_note = gr.Markdown()
+    w.runs_table = gr.Dataframe(headers=rh.RUN_HEADERS, label="Runs (final values)", interactive=False)
+    w.runs_plot = gr.Plot(label="The ticked runs compared")
+    w.runs_diff = gr.Dataframe(headers=["setting", "value"], label="Settings that differ between the ticked runs",
+                               interactive=False)
+    with gr.Row():
+        w.runs_export_btn = gr.Button("Export settings")
+        w.runs_zip_btn = gr.Button("Download run")
+        w.runs_resume_btn = gr.Button("Resume training", variant="primary")
+    with gr.Row():
+        w.runs_yaml = gr.File(label="Settings file", interactive=False)
+        w.runs_zip = gr.File(label="Run folder (.zip)", interactive=False)
+    w.runs_command = gr.Textbox(label="The same run from the command line", lines=3, buttons=["copy"])
+    w.runs_status = gr.Markdown()
+    with gr.Row():
+        w.runs_loss = gr.Plot(label="Loss of the resumed run")
+        w.runs_acc = gr.Plot(label="Held-out exact match of the resumed run")
+        w.runs_gates = gr.Plot(label="Gates of the resumed run")
 
 
 def chat_tab(w: SimpleNamespace) -> None:
@@ -213,12 +248,23 @@ def wire(demo: gr.Blocks, w: SimpleNamespace) -> None:
                                                           w.train_note, w.recipe, w.position_lr, w.value_lr, w.bf16],
                    api_name="choose_recipe")
     w.train_btn.click(h.train, [w.session, w.steps, w.lr, w.batch, w.gate_lr, w.augment_noise, w.method, w.recipe,
-                                w.position_lr, w.value_lr, w.bf16],
-                      [w.train_status, w.loss_plot, w.gate_plot, w.bridge_file], api_name="train",
+                                w.position_lr, w.value_lr, w.bf16, w.run_name],
+                      [w.train_status, w.loss_plot, w.gate_plot, w.bridge_file, w.acc_plot], api_name="train",
                       concurrency_limit=None, show_progress="minimal", show_progress_on=[w.train_status])
     w.stop_btn.click(h.stop, w.session, w.train_status, api_name="stop", queue=False,  # not behind queued events
                      show_progress="hidden")
     w.download_btn.click(h.download_bridge, w.session, w.bridge_file, api_name="download_bridge")
+    w.settings_upload.upload(rh.load_settings, [w.session, w.settings_upload],
+                             [w.steps, w.lr, w.batch, w.gate_lr, w.augment_noise, w.train_note, w.recipe, w.position_lr,
+                              w.value_lr, w.bf16], api_name="load_settings")
+    runs = [w.runs_pick, w.runs_table, w.runs_plot, w.runs_diff, w.runs_note]
+    w.runs_refresh.click(rh.show_runs, [w.session, w.runs_pick], runs, api_name="runs")
+    w.runs_pick.input(rh.show_runs, [w.session, w.runs_pick], runs)
+    w.runs_export_btn.click(rh.export_run, [w.session, w.runs_pick], [w.runs_yaml, w.runs_command], api_name="export_run")
+    w.runs_zip_btn.click(rh.download_run, [w.session, w.runs_pick], w.runs_zip, api_name="download_run")
+    w.runs_resume_btn.click(rh.resume_run, [w.session, w.runs_pick], [w.runs_status, w.runs_loss, w.runs_gates, w.runs_acc],
+                            api_name="resume_run", concurrency_limit=None, show_progress="minimal").then(
+        rh.show_runs, [w.session, w.runs_pick], runs)
     w.bridge_upload.upload(lambda: "", None, w.bridge_status).then(  # no stale message under a later error
         h.upload_bridge, [w.session, w.bridge_upload], model + fresh, api_name="upload_bridge")
 
@@ -244,15 +290,17 @@ def build_app() -> gr.Blocks:
     default = DEFAULT_PRESET if DEFAULT_PRESET in presets else (presets[0] if presets else None)
     w = SimpleNamespace(tabs={})
     with gr.Blocks(title="CALM Lab") as demo:
-        w.session = gr.State(delete_callback=lambda s: s and s.stop_training())
+        w.session = gr.State(delete_callback=lambda s: s and s.close())
         gr.Markdown(INTRO)
         with gr.Tabs():
             for title, tab in (("1 · Models", lambda: models_tab(w, presets, default)), ("2 · Data & train", lambda: data_tab(w)),
                                ("3 · Chat", lambda: chat_tab(w)), ("4 · Inside the bridge", lambda: bridge_tab(w)),
-                               ("5 · Evaluate", lambda: evaluate_tab(w))):
+                               ("5 · Evaluate", lambda: evaluate_tab(w)), ("6 · Runs", lambda: runs_tab(w))):
                 with gr.Tab(title) as w.tabs[title]:
                     tab()
         wire(demo, w)
         # baselines trained since the Chat tab was last open join its fourth-column menu
         w.tabs["3 · Chat"].select(views.baseline_menu, [w.session, w.chat_baseline], w.chat_baseline)
+        w.tabs["6 · Runs"].select(rh.show_runs, [w.session, w.runs_pick],
+                                  [w.runs_pick, w.runs_table, w.runs_plot, w.runs_diff, w.runs_note])
     return demo

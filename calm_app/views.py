@@ -9,6 +9,7 @@ import traceback
 import gradio as gr
 
 from calm_core import CALMError, figures
+from calm_core.lab import run_figures
 from calm_core.lab.bounds import heads
 from calm_core.lab.comparison import FORGETTING_COLUMNS
 from calm_core.lab.session import LabSession, layer_labels, model_rows, short_name
@@ -145,6 +146,10 @@ def train_view(run, labels):
     return run.status(), figures.loss_curves(run.history), figures.gate_history(run.history, labels)
 
 
+def accuracy_view(run):
+    return run_figures.accuracy_curve(run.accuracy)
+
+
 # ---- Chat tab ----------------------------------------------------------------------------------
 
 def chat_settings(session: LabSession):
@@ -204,6 +209,9 @@ def train_settings(session: LabSession):
         if getattr(config, key) != 1]
     if scales:
         parts.append("Under “All settings”: " + "; ".join(scales) + ".")
+    if session.loaded_settings:
+        shown = ", ".join(f"{k} {v}" for k, v in session.loaded_settings.items())
+        parts.append(f"From the loaded settings file: {shown}.")
     new = session.calm is not None and is_new(session.calm)
     parts.append("The recipe starts this new bridge at the first Train.*" if new else
                  "Training goes on from the bridge as it is now (Start over in the Models tab for a new one).*")

@@ -219,3 +219,77 @@ def test_classroom_safeguards(page):
     page.get_by_label("Text to look at (both models read it)").fill("abcd" * 1250)
     page.get_by_role("button", name="Show cross-attention").click()
     toast(page, "a cross-attention map shows at most")
+
+
+def status(page, *parts: str):
+    """The status block (Markdown) that holds every one of `parts` (regular expressions)."""
+    found = page.locator(".prose")
+    for part in parts:
+        found = found.filter(has_text=re.compile(part))
+    return found.last
+
+
+def test_the_experiments_loop(page, tmp_path):
+    """Start over, train two runs (the held-out accuracy curve drawn while they train), compare them in the Runs tab,
+    export one's settings, load them back into the Train tab, stop a third run and resume it, download a run."""
+    expect(table(page, "Models").get_by_role("gridcell", name="bridge", exact=True)).to_be_visible()
+    page.get_by_role("button", name="Start over with a closed bridge").click()
+    expect(page.get_by_text(re.compile(r"closed|anchor exactly", re.I)).first).to_be_visible()
+    page.get_by_role("tab", name="2 · Data & train").click()
+    expect(page.get_by_text(re.compile(r"40 training and 10 validation examples"))).to_be_visible()
+    train = page.get_by_role("button", name="Train", exact=True)
+    accuracy = "Held-out exact match: the validation sample's answers, checked while training"
+    for name, lr in (("slow", "0.002"), ("fast", "0.02")):
+        page.get_by_label("run name (the Runs tab keeps every run)").fill(name)
+        page.get_by_label("steps").fill("12")
+        page.get_by_label("batch size").fill("4")
+        page.get_by_label("learning rate", exact=True).fill(lr)
+        train.click()
+        expect(status(page, rf"run-00{1 + (name == 'fast')} · Step 12/12 · loss", "Finished 12 steps.")).to_be_visible()
+        expect(page.get_by_text(re.compile(r"held-out exact match [\d.]+% on 10 validation examples"))).to_be_visible()
+        expect(plot(page, accuracy).locator(".scatterlayer .trace")).not_to_have_count(0)
+    shot(page, "app-9-train-accuracy")
+
+    page.get_by_role("tab", name="6 · Runs").click()
+    page.get_by_role("checkbox", name=re.compile(r"^run-001 · slow")).check()
+    page.get_by_role("checkbox", name=re.compile(r"^run-002 · fast")).check()
+    expect(plot(page, "The ticked runs compared").locator(".scatterlayer .trace")).to_have_count(6)
+    diff = table(page, "Settings that differ between the ticked runs")
+    expect(diff.get_by_role("gridcell", name="lr", exact=True)).to_be_visible()
+    expect(diff.get_by_role("gridcell", name="0.02", exact=True)).to_be_visible()
+    shot(page, "app-10-runs-compared")
+
+    page.get_by_role("checkbox", name=re.compile(r"^run-001 · slow")).uncheck()
+    page.get_by_role("button", name="Export settings").click()
+    expect(page.locator("label:has-text('The same run from the command line') textarea")).to_have_value(
+        re.compile(r"^python -m calm_core train --anchor .* --lr 0\.02 .*--out runs/run-002$"))
+    link = block(page, "Settings file").get_by_role("link").first
+    expect(link).to_be_visible()
+    settings = tmp_path / "run-002.yaml"
+    settings.write_bytes(page.request.get(link.get_attribute("href")).body())
+    assert "lr: 0.02" in settings.read_text()
+    settings.write_text(settings.read_text().replace("steps: 12", "steps: 40"))
+
+    page.get_by_role("tab", name="2 · Data & train").click()
+    block(page, "Load a settings file (.yaml / .json, as the Runs tab exports it)").locator(
+        "input[type=file]").set_input_files(str(settings))
+    expect(page.get_by_label("steps")).to_have_value("40")
+    expect(page.get_by_label("learning rate", exact=True)).to_have_value("0.02")
+    page.get_by_label("run name (the Runs tab keeps every run)").fill("to resume")
+    train.click()
+    expect(page.get_by_text(re.compile(r"Step [1-9]\d*/40"))).to_be_visible()
+    page.get_by_role("button", name="Stop", exact=True).click()
+    expect(page.get_by_text(re.compile(r"Stopped at step \d+"))).to_be_visible()
+
+    page.get_by_role("tab", name="6 · Runs").click()
+    page.get_by_role("button", name="Refresh").click()
+    for other in ("run-001", "run-002"):
+        page.get_by_role("checkbox", name=re.compile(rf"^{other} ")).uncheck()
+    page.get_by_role("checkbox", name=re.compile(r"^run-003 · to resume · stopped")).check()
+    page.get_by_role("button", name="Resume training").click()
+    expect(page.get_by_text(re.compile(r"Resuming run-003 from step \d+"))).to_be_visible()
+    expect(page.get_by_text("Finished 40 steps.").last).to_be_visible()
+    expect(page.get_by_role("checkbox", name=re.compile(r"^run-003 · to resume · finished at step 40.40$"))).to_be_visible()
+    page.get_by_role("button", name="Download run").click()
+    expect(block(page, "Run folder (.zip)").get_by_role("link").first).to_be_visible()
+    shot(page, "app-11-runs-resumed")

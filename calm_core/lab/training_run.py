@@ -48,7 +48,7 @@ class RunState:
 
     def status(self) -> str:
         last = self.history[-1] if self.history else {}
-        parts = [f"Step {self.step}/{self.total}"]
+        parts = ([self.run_id] if self.run_id else []) + [f"Step {self.step}/{self.total}"]
         if last:
             parts.append(f"loss {last['loss']:.4f}")
             if last.get("val_loss") is not None:

@@ -24,6 +24,8 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("preset")
     parser.add_argument("--steps", type=int)
+    parser.add_argument("--batch-size", type=int, help="instead of the preset's (exploring class-time settings)")
+    parser.add_argument("--lr", type=float, help="instead of the preset's")
     parser.add_argument("--limit", type=int, default=None, help="held-out examples scored (default: all)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
@@ -31,7 +33,8 @@ def main(argv=None) -> dict:
     lab = LabSession()
     preset = lab.use_preset(args.preset)
     lab.reset_bridge()
-    config = lab.train_config(**({"steps": args.steps} if args.steps else {}))
+    changes = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("lr", args.lr)) if v}
+    config = lab.train_config(**changes)
     started = time.perf_counter()
     lab.start_training(config)
     lab.wait()
@@ -49,7 +52,8 @@ def main(argv=None) -> dict:
     exact = 100 * sum(score(a) == score(e.completion) for a, e in zip(answers, examples)) / len(examples)
     result = {"preset": args.preset, "recipe": config.recipe, "steps": config.steps, "batch_size": config.batch_size,
               "lr": config.lr, "bf16": config.bf16, "train_wall_s": round(train_s, 1), "set": label,
-              "examples": len(examples), "exact_match": round(exact, 1), "message": lab.run.message}
+              "examples": len(examples), "exact_match": round(exact, 1), "message": lab.run.message,
+              "accuracy_curve": [(p["step"], round(p["exact_match"], 1)) for p in lab.run.accuracy]}
     print(json.dumps(result))
     return result
 

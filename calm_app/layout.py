@@ -101,7 +101,7 @@ def data_tab(w: SimpleNamespace) -> None:
                              "the composition, as the paper's comparison with LoRA does.")
     w.train_note = gr.Markdown()
     with gr.Row():
-        w.run_name = gr.Textbox(label="run name (the Runs tab keeps every run)", placeholder="e.g. lr 2e-3, knowledge",
+        w.run_name = gr.Textbox("", label="run name (the Runs tab keeps every run)", placeholder="e.g. lr 2e-3, knowledge",
                                 max_length=80, scale=2)
         w.settings_upload = gr.File(label="Load a settings file (.yaml / .json, as the Runs tab exports it)",
                                     file_types=[".yaml", ".yml", ".json"], height=110, scale=2)
@@ -142,6 +142,8 @@ def runs_tab(w: SimpleNamespace) -> None:
     with gr.Row():
         w.runs_yaml = gr.File(label="Settings file", interactive=False)
         w.runs_zip = gr.File(label="Run folder (.zip)", interactive=False)
+        w.runs_upload = gr.File(label="Load a run (.zip from Download run): compare or resume it here",
+                                file_types=[".zip"], height=140)
     w.runs_command = gr.Textbox(label="The same run from the command line", lines=3, buttons=["copy"])
     w.runs_status = gr.Markdown()
     with gr.Row():
@@ -262,6 +264,7 @@ def wire(demo: gr.Blocks, w: SimpleNamespace) -> None:
     w.runs_pick.input(rh.show_runs, [w.session, w.runs_pick], runs)
     w.runs_export_btn.click(rh.export_run, [w.session, w.runs_pick], [w.runs_yaml, w.runs_command], api_name="export_run")
     w.runs_zip_btn.click(rh.download_run, [w.session, w.runs_pick], w.runs_zip, api_name="download_run")
+    w.runs_upload.upload(rh.import_run, [w.session, w.runs_upload, w.runs_pick], runs, api_name="import_run")
     w.runs_resume_btn.click(rh.resume_run, [w.session, w.runs_pick], [w.runs_status, w.runs_loss, w.runs_gates, w.runs_acc],
                             api_name="resume_run", concurrency_limit=None, show_progress="minimal").then(
         rh.show_runs, [w.session, w.runs_pick], runs)

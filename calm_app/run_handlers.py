@@ -90,6 +90,16 @@ def load_settings(session, file):
     return values
 
 
+@friendly
+def import_run(session, file, chosen=None):
+    """A run's .zip into this session's runs; the list then shows it ticked."""
+    session = require(session)
+    if file is None:
+        return show_runs(session, chosen)
+    record = session.import_run(getattr(file, "name", file))
+    return show_runs(session, list(chosen or []) + [record.label()])
+
+
 def _first(session, chosen):
     records = _chosen(session, chosen)
     if not records:

@@ -125,58 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config_value(source: str, action: argparse.Action, value):
-    """One option from a config file, checked as its command-line form would be: the message names the key."""
-    key = action.dest
-    if action.nargs == 0:  # a flag
-        if not isinstance(value, bool):
-            raise CALMError(f"{source}: {key} must be true or false, got {value!r}.")
-        return value
-    if value is None:
-        return None
-    if isinstance(action, argparse._AppendAction):
-        items = value if isinstance(value, list) else [value]
-        return [str(v) for v in items]
-    if action.type is _column_map and isinstance(value, dict):
-        return {str(k): str(v) for k, v in value.items()}
-    if action.type is _int_list and isinstance(value, list):
-        value = ",".join(str(v) for v in value)
-    if action.type is not None:
-        whole = action.type is int and isinstance(value, float) and not value.is_integer()
-        try:
-            if isinstance(value, (bool, dict, list)) or whole:
-                raise ValueError
-            value = action.type(value)
-        except (TypeError, ValueError, argparse.ArgumentTypeError):
-            kind = {int: "a whole number", float: "a number"}.get(action.type, "a valid value")
-            raise CALMError(f"{source}: {key} must be {kind}, got {value!r}.") from None
-    if action.choices is not None and value not in action.choices:
-        raise CALMError(f"{source}: {key} must be one of {', '.join(map(str, action.choices))}, got {value!r}.")
-    return value
-
-
 def _parse(argv) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "config", None):
-        import yaml
+        from .cli_config import apply_config_file
 
-        try:
-            options = yaml.safe_load(Path(args.config).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise CALMError(f"Could not read the config file {args.config}: {exc}") from exc
-        if not isinstance(options, dict):
-            raise CALMError(f"{args.config} must hold option: value lines, got {type(options).__name__}.")
-        options = {str(k).replace("-", "_"): v for k, v in options.items()}
-        actions = {a.dest: a for a in parser._subparsers._group_actions[0].choices[args.command]._actions}
-        unknown = sorted(set(options) - set(actions) - {"config"})
-        if unknown:
-            raise CALMError(f"{args.config}: unknown option{'s' * (len(unknown) > 1)} {', '.join(unknown)}; "
-                            f"`python -m calm_core {args.command} --help` lists them.")
-        explicit = {a.dest for a in actions.values() if any(opt in argv for opt in a.option_strings)}
-        for key, value in options.items():
-            if key not in explicit and key != "config":
-                setattr(args, key, _config_value(args.config, actions[key], value))
+        apply_config_file(parser, args, argv)
     return args
 
 
@@ -224,7 +179,7 @@ def _data_config(args):
 
 def cmd_train(args) -> int:
     from .engine.persistence import save_bridge
-    from .training.data import load_splits
+    from .training.data import load_examples, load_splits
     from .training.trainer import TrainConfig, Trainer
 
     for needed in ("data", "out"):
@@ -246,10 +201,16 @@ def cmd_train(args) -> int:
 
     recipe, examples = recipes.get_recipe(args.recipe), list(splits.train)
     scales = {k: v if getattr(args, k) is None else getattr(args, k) for k, v in recipe.train_fields().items()}
-    if args.method == "calm" and recipes.is_new(calm):  # a new bridge starts the recipe's way
+    extra_path = Path(args.resume).parent.parent / "extra_examples.jsonl" if args.resume else None
+    if extra_path is not None and extra_path.is_file():  # the rows the run's recipe added when it started
+        examples += load_examples(extra_path)[0]
+    elif args.method == "calm" and recipes.is_new(calm):  # a new bridge starts the recipe's way
         changes, extra, notes = recipes.prepare(calm, recipe, examples, seed=args.seed)
         scales, examples = {**scales, **changes}, examples + extra
         print("; ".join(notes), file=sys.stderr)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "extra_examples.jsonl").write_text("".join(json.dumps({"prompt": e.prompt, "completion": e.completion,
+                                                                      "keep_anchor": e.keep_anchor}) + "\n" for e in extra))
     config = TrainConfig(method=args.method, recipe=recipe.name, **scales,
         steps=args.steps, lr=args.lr, augment_noise=args.augment_noise,
         batch_size=args.batch_size, grad_accum=args.grad_accum,

@@ -245,7 +245,7 @@ def test_the_experiments_loop(page, tmp_path):
         page.get_by_label("batch size").fill("4")
         page.get_by_label("learning rate", exact=True).fill(lr)
         train.click()
-        expect(status(page, rf"run-00{1 + (name == 'fast')} · Step 12/12 · loss", "Finished 12 steps.")).to_be_visible()
+        expect(status(page, rf"^Step 12/12 · loss .* · run-00{1 + (name == 'fast')}", "Finished 12 steps.")).to_be_visible()
         expect(page.get_by_text(re.compile(r"held-out exact match [\d.]+% on 10 validation examples"))).to_be_visible()
         expect(plot(page, accuracy).locator(".scatterlayer .trace")).not_to_have_count(0)
     shot(page, "app-9-train-accuracy")

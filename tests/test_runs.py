@@ -126,6 +126,30 @@ def test_a_later_run_that_fails_loses_nothing_kept(session, monkeypatch):
     assert (good.checkpoint() / "bridge.safetensors").read_bytes() == before
 
 
+def test_a_downloaded_run_loads_into_another_session_and_resumes_there(session, preset_root, tmp_path):
+    stopped = _train(session, "moved", stop_at=3)
+    archive = session.run_archive(stopped.run_id)
+    other = LabSession(ModelCache())
+    try:
+        other.use_preset("tiny")
+        record = other.import_run(archive)
+        assert record.name == "moved (imported)" and record.status == "stopped" and record.step == 3
+        other.start_training(None, resume=record.id)
+        other.wait()
+        assert other.run.step == 8 and other.runs.get(record.id).status == "finished"
+    finally:
+        other.close()
+    bad = tmp_path / "bad.zip"
+    with zipfile.ZipFile(bad, "w") as z:
+        z.writestr("run.json", "{}")
+        z.writestr("../../etc/evil.sh", "echo")
+    with pytest.raises(CALMError, match="unexpected ../../etc/evil.sh"):
+        session.import_run(bad)
+    (tmp_path / "not.zip").write_text("hello")
+    with pytest.raises(CALMError, match="is not a run's .zip"):
+        session.import_run(tmp_path / "not.zip")
+
+
 def test_the_exported_settings_reproduce_the_run_from_the_command_line(session, tmp_path):
     _train(session, "to export", steps=4)
     record = session.runs.list()[0]

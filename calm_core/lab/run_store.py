@@ -11,10 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
 import uuid
+import zipfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -25,6 +27,8 @@ from ..training.examples import Example
 MAX_KEPT = int(os.environ.get("CALM_KEPT_RUNS", "10"))  # runs a session keeps (each: a bridge and its optimizer state)
 RUNS_ROOT = Path(os.environ.get("CALM_RUNS_DIR", Path(tempfile.gettempdir()) / "calm-lab-runs"))
 RECORD_FILE, EXTRA_FILE = "run.json", "extra_examples.jsonl"
+MAX_IMPORT_BYTES = 2 * 2**30  # a run's bridge and optimizer state: the real pair's take about 80 MB
+_RUN_FILE = re.compile(r"(run\.json|metrics\.jsonl|extra_examples\.jsonl|checkpoints/step-\d{6}/[\w-]+\.(json|safetensors))")
 
 
 @dataclass
@@ -132,6 +136,39 @@ class RunStore:
         """The run's folder as one .zip (bridge, optimizer state, settings, history), in a fresh temporary folder."""
         target = Path(tempfile.mkdtemp(prefix="calm-run-")) / f"{record.id}-{_slug(record.name)}"
         return Path(shutil.make_archive(str(target), "zip", root_dir=record.folder))
+
+    def import_archive(self, path) -> RunRecord:
+        """A run's .zip (as archive() writes it) back into this session's runs under a new id, to look at, compare or
+        resume (a run whose process ended while it trained is marked interrupted). Only the files a run holds are
+        taken, each size-bounded; anything else in the archive is refused."""
+        try:
+            archive = zipfile.ZipFile(path)
+        except (OSError, zipfile.BadZipFile) as exc:
+            raise CALMError(f"{Path(str(path)).name} is not a run's .zip: {exc}") from None
+        with archive:
+            members = [m for m in archive.infolist() if not m.is_dir()]
+            strange = [m.filename for m in members if not _RUN_FILE.fullmatch(m.filename)]
+            if strange or RECORD_FILE not in {m.filename for m in members}:
+                raise CALMError(f"{Path(str(path)).name} is not a run's .zip (as the Runs tab's Download run writes it): "
+                                + (f"unexpected {', '.join(strange[:3])}" if strange else f"no {RECORD_FILE}"))
+            if sum(m.file_size for m in members) > MAX_IMPORT_BYTES:
+                raise CALMError(f"{Path(str(path)).name} unpacks to more than {MAX_IMPORT_BYTES / 2**30:.0f} GiB.")
+            try:
+                values = json.loads(archive.read(RECORD_FILE))
+                names = {f.name for f in fields(RunRecord)} - {"id", "folder", "started_at"}
+                values = {k: v for k, v in values.items() if k in names}
+                name = values.pop("name", "imported")
+                record = self.new(f"{name} (imported)", **values)
+            except (TypeError, ValueError) as exc:
+                raise CALMError(f"{RECORD_FILE} in {Path(str(path)).name} is not a run record: {exc}") from None
+            for member in members:
+                if member.filename != RECORD_FILE:
+                    target = Path(record.folder) / member.filename
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(archive.read(member))
+        record.status = "interrupted" if record.status == "running" else record.status
+        self.save(record)
+        return record
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

@@ -48,7 +48,7 @@ class RunState:
 
     def status(self) -> str:
         last = self.history[-1] if self.history else {}
-        parts = ([self.run_id] if self.run_id else []) + [f"Step {self.step}/{self.total}"]
+        parts = [f"Step {self.step}/{self.total}"]
         if last:
             parts.append(f"loss {last['loss']:.4f}")
             if last.get("val_loss") is not None:
@@ -62,6 +62,7 @@ class RunState:
                 parts.append(f"about {left / 60:.0f} min left" if left >= 90 else f"about {left:.0f} s left")
         elif self.running and self.prepared[1]:
             parts.append(f"preparing examples {self.prepared[0]:,}/{self.prepared[1]:,}")
+        parts += [self.run_id] if self.run_id else []  # the name the Runs tab lists it under
         return " · ".join(parts) + (f"\n\n{self.message}" if self.message else "")
 
 
@@ -143,7 +144,8 @@ class TrainingRuns:
         if config.cache_budget_mb is None:  # the cache takes what is left to this session, whenever it fits
             config = replace(config, cache_budget_mb=max(0, LEDGER.room(device) - need) / 2**20)
             budget_name = LEDGER_BUDGET
-        need += frozen_cache_bytes(calm, config, len(examples), tokens, self.splits.kept + len(examples) -
+        validation = min(len(self.splits.validation), config.eval_examples)
+        need += frozen_cache_bytes(calm, config, len(examples) + validation, tokens, self.splits.kept + len(examples) -
                                    len(self.splits.train))
         fits = bounds.largest_batch(calm, tokens)
         reservation = LEDGER.reserve(need, f"Training with batch size {config.batch_size:,}",
@@ -159,7 +161,9 @@ class TrainingRuns:
                 record = self.runs.new(name, models=list(self.names), adapters=list(self.adapters),
                                        bridge_config=asdict(composed.config), settings=kept, data=dict(self.data_info))
                 self.runs.save_examples(record, extra)
-            config = replace(config, out_dir=record.folder)
+            # checkpoints along the way (the newest kept), so a run whose process ends mid-way can resume
+            config = replace(config, out_dir=record.folder, save_total_limit=1,
+                             checkpoint_every=config.checkpoint_every or max(25, config.steps // 10))
             self.trainer = Trainer(calm, examples, self.splits.validation, config, callback=self._record)
             self.trainer.cache_budget_name = budget_name
             if not fresh:
@@ -257,6 +261,11 @@ class TrainingRuns:
 
     def run_command(self, run_id: str) -> str:
         return run_settings.to_command(self.runs.get(run_id))
+
+    def import_run(self, path) -> RunRecord:
+        """A run's .zip (Download run, perhaps from an earlier session or another server) into this session's runs:
+        to compare it, export it, or resume it on the same models and data."""
+        return self.runs.import_archive(path)
 
     def run_archive(self, run_id: str) -> Path:
         """The run's folder as one .zip: bridge, optimizer state, settings (run.json) and history."""

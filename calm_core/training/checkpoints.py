@@ -34,6 +34,10 @@ def save_checkpoint(trainer, directory) -> Path:
                                                   "accuracy": accuracy}))
         shutil.rmtree(directory, ignore_errors=True)
         os.replace(tmp, directory)
+        if trainer.config.save_total_limit:
+            kept = sorted((p for p in directory.parent.glob("step-*") if is_checkpoint(p)), key=lambda p: p.name)
+            for old in kept[:-trainer.config.save_total_limit]:
+                shutil.rmtree(old, ignore_errors=True)
     trainer.dist.barrier()
     return directory
 

@@ -49,6 +49,7 @@ class TrainConfig:
     accuracy_share: float = 0.1
     accuracy_scoring: str = "exact"  # how answers are compared (evaluation.SCORERS), e.g. a preset's "result"
     checkpoint_every: int = 0  # 0: a checkpoint only at the end (when out_dir is set)
+    save_total_limit: int = 0  # checkpoints kept in out_dir/checkpoints, the newest (0: all)
     seed: int = 0
     bf16: bool = False
     max_length: int | None = None
@@ -101,7 +102,7 @@ RANGES = {
     "position_lr_scale": (0, None, True), "value_lr_scale": (0, None, False), "grad_clip": (0, None, False),
     "augment_noise": (0, None, False), "log_every": (1, None, False), "eval_every": (1, None, False),
     "eval_examples": (0, None, False), "accuracy_examples": (0, 4096, False), "accuracy_share": (0, 1, True),
-    "checkpoint_every": (0, None, False), "seed": (0, 2**63 - 1, False), "max_length": (1, None, False),
+    "checkpoint_every": (0, None, False), "save_total_limit": (0, None, False), "seed": (0, 2**63 - 1, False), "max_length": (1, None, False),
     "cache_budget_mb": (0, None, False),
 }
 

@@ -63,6 +63,8 @@ class Trainer:
         self.history: list[dict] = []
         self._stop = threading.Event()
         self._states: FrozenStates | None = None  # the frozen models' states, once per row (cache_augment_states)
+        self._val_states: FrozenStates | None = None  # the same for the validation rows
+        self._use_cache = False
         probe = AccuracyProbe(calm, validation or [], self.config.accuracy_examples, self.config.accuracy_scoring,
                               self.config.accuracy_share) if self.config.accuracy_examples else None
         self.probe = probe if probe and self.dist.rank == 0 and self.dist.world == 1 else None
@@ -119,7 +121,8 @@ class Trainer:
         if not self.train_rows.complete:
             return False, (f"cache off: {len(self.train_rows)} training examples are prepared batch by batch "
                            f"(over {PREPARE_ALL}), so their states are not held; every step runs both frozen models.")
-        need_mb = cache_bytes(self.calm, self.train_rows, self._reference_dtype.itemsize) / 2**20
+        need_mb = sum(cache_bytes(self.calm, rows, self._reference_dtype.itemsize)
+                      for rows in (self.train_rows, self.val_rows)) / 2**20
         budget, name = cfg.cache_budget_mb, self.cache_budget_name
         if budget is None:
             budget, name = free_memory_bytes(next(self.calm.bridge.parameters()).device) / 2 / 2**20, "half the memory free now"
@@ -155,7 +158,7 @@ class Trainer:
             batch, labels = collate(calm, rows)
             states, prefix, references = None, None, None
             if use_cache:
-                self._states = self._states or FrozenStates(calm, self.train_rows, self._reference_dtype)
+                self._states = self._states or FrozenStates(calm, self.train_rows, self._reference_dtype, cfg.bf16)
                 states, prefix = self._states.batch(micro)
                 references = self._states.references(micro)
             with torch.autocast(self._device_type(), dtype=torch.bfloat16, enabled=cfg.bf16), \
@@ -197,11 +200,18 @@ class Trainer:
     def validation_loss(self) -> float | None:
         if not self.val_rows:
             return None
-        total, count = 0.0, 0
-        for start in range(0, len(self.val_rows), self.config.batch_size):
-            batch, labels = collate(self.calm, self.val_rows[start:start + self.config.batch_size])
-            positions = predicting_positions(labels)
-            losses = token_losses(self.calm.forward(batch, positions=positions), labels, positions)
+        total, count, cfg = 0.0, 0, self.config
+        for start in range(0, len(self.val_rows), cfg.batch_size):
+            indices = list(range(start, min(start + cfg.batch_size, len(self.val_rows))))
+            batch, labels = collate(self.calm, [self.val_rows[i] for i in indices])
+            positions, states, prefix = predicting_positions(labels), None, None
+            if self._use_cache:  # the validation rows' frozen states too: a check costs the anchor above the bridge
+                self._val_states = self._val_states or FrozenStates(self.calm, self.val_rows, self._reference_dtype,
+                                                                    cfg.bf16)
+                states, prefix = self._val_states.batch(indices)
+            with torch.autocast(self._device_type(), dtype=torch.bfloat16, enabled=cfg.bf16):
+                logits = self.calm.forward(batch, augment_states=states, anchor_prefix=prefix, positions=positions)
+            losses = token_losses(logits.float(), labels, positions)
             total, count = total + float(losses.sum()), count + losses.numel()
         return total / max(1, count)
 
@@ -214,6 +224,7 @@ class Trainer:
                 result.stop_reason, result.message = "stopped", "Stopped while preparing the examples; the bridge is unchanged."
                 return result
             use_cache, result.cache_note = self._cache_decision()
+            self._use_cache = use_cache
             result.augment_cache = use_cache
             if cfg.cache_augment_states and not use_cache and calm.augments:
                 log.warning(result.cache_note)

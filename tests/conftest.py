@@ -7,6 +7,21 @@ from calm_core.models.tiny import bpe_tokenizer, char_tokenizer, tiny_model
 
 pytest_plugins = ["tests.strict_ci"]
 
+
+@pytest.fixture(scope="session", autouse=True)
+def runs_folder(tmp_path_factory):
+    """Every LabSession of the suite (and the app servers it starts, through the environment) keeps its runs in the
+    suite's own temporary folder, not in the machine's."""
+    import os
+
+    from calm_core.lab import run_store
+
+    root = tmp_path_factory.mktemp("calm-lab-runs")
+    os.environ["CALM_RUNS_DIR"] = str(root)
+    before, run_store.RUNS_ROOT = run_store.RUNS_ROOT, root
+    yield root
+    run_store.RUNS_ROOT = before
+
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",
     "hello world, this is a small corpus for a tiny tokenizer",

@@ -27,6 +27,7 @@ from ..training.examples import Example
 MAX_KEPT = int(os.environ.get("CALM_KEPT_RUNS", "10"))  # runs a session keeps (each: a bridge and its optimizer state)
 RUNS_ROOT = Path(os.environ.get("CALM_RUNS_DIR", Path(tempfile.gettempdir()) / "calm-lab-runs"))
 RECORD_FILE, EXTRA_FILE = "run.json", "extra_examples.jsonl"
+STALE_AFTER_S = float(os.environ.get("CALM_RUNS_STALE_HOURS", "24")) * 3600  # a session folder nobody has written to
 MAX_IMPORT_BYTES = 2 * 2**30  # a run's bridge and optimizer state: the real pair's take about 80 MB
 _RUN_FILE = re.compile(r"(run\.json|metrics\.jsonl|extra_examples\.jsonl|checkpoints/step-\d{6}/[\w-]+\.(json|safetensors))")
 
@@ -71,6 +72,8 @@ class RunStore:
     """The runs folder of one session: RUNS_ROOT/<a random id>/run-001, run-002, ..."""
 
     def __init__(self, root: str | Path | None = None, max_kept: int = MAX_KEPT):
+        if root is None:
+            sweep_stale(RUNS_ROOT)
         self.root = Path(root) if root else RUNS_ROOT / uuid.uuid4().hex[:12]
         self.max_kept, self._count = max_kept, 0
         self.records: dict[str, RunRecord] = {}
@@ -173,6 +176,19 @@ class RunStore:
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
         self.records.clear()
+
+
+def sweep_stale(root: Path, max_age_s: float = STALE_AFTER_S) -> None:
+    """Remove session folders untouched for max_age_s: a session whose page went away without the app hearing of it
+    (an API client, a crash) must not keep its runs on the server's disk for ever."""
+    now = time.time()
+    for folder in root.glob("*") if root.is_dir() else []:
+        try:
+            newest = max([p.stat().st_mtime for p in folder.rglob("run.json")] + [folder.stat().st_mtime])
+        except OSError:
+            continue
+        if now - newest > max_age_s:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _slug(text: str) -> str:

@@ -93,15 +93,17 @@ class TrainingRuns:
                 if resume:
                     record = self.runs.get(resume)
                     calm, config = self._resumable(calm, record), TrainConfig(**{**record.settings, "progress": False})
-                    return self._start(calm, config, record)
+                    run = self._start(calm, config, record)
+                    self.calm, self.preset_bridge, self._solo = calm, False, {}  # only once it started
+                    return run
                 return self._start(calm, config, name=name)
             except BaseException:
                 RUNS.release()
                 raise
 
     def _resumable(self, calm, record: RunRecord):
-        """The composition a kept run resumes on: the same models and data, else a CALMError that says why; a
-        bridge of another shape is rebuilt in the run's shape (its weights come from the checkpoint)."""
+        """A new composition of the session's models in the run's bridge shape (the checkpoint fills its weights; the
+        session's own bridge is untouched until the run has started), or a CALMError that says why it cannot be."""
         why = []
         if record.settings.get("method") != "calm":
             why.append(f"it trained a {record.settings.get('method')} baseline; baselines train again from the start")
@@ -115,13 +117,10 @@ class TrainingRuns:
             why.append(f"it finished all {record.settings['steps']:,} steps; start a new run to train further")
         if why:
             raise CALMError(f"{record.id} cannot resume here: " + "; ".join(why) + ".")
-        if asdict(calm.config) != record.bridge_config:
-            from ..engine.config import CALMConfig
+        from ..engine.config import CALMConfig
 
-            pairs = [(m.model, m.tokenizer) for m in [calm.anchor] + calm.augments]
-            calm = ComposedLM(pairs[0], pairs[1:], CALMConfig(**record.bridge_config))
-        self.calm, self.preset_bridge, self._solo = calm, False, {}
-        return calm
+        pairs = [(m.model, m.tokenizer) for m in [calm.anchor] + calm.augments]
+        return ComposedLM(pairs[0], pairs[1:], CALMConfig(**record.bridge_config))
 
     def _start(self, composed, config: TrainConfig, record: RunRecord | None = None, name: str = "") -> RunState:
         examples, notes, extra, asked_budget = list(self.splits.train), [], [], config.cache_budget_mb

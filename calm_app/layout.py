@@ -103,8 +103,8 @@ def data_tab(w: SimpleNamespace) -> None:
     with gr.Row():
         w.run_name = gr.Textbox("", label="run name (the Runs tab keeps every run)", placeholder="e.g. lr 2e-3, knowledge",
                                 max_length=80, scale=2)
-        w.settings_upload = gr.File(label="Load a settings file (.yaml / .json, as the Runs tab exports it)",
-                                    file_types=[".yaml", ".yml", ".json"], height=110, scale=2)
+        w.settings_upload = gr.File(label="Load settings (.yaml / .json from Runs)",
+                                    file_types=[".yaml", ".yml", ".json"], height=140, scale=2)
         w.train_btn = gr.Button("Train", variant="primary")
         w.stop_btn = gr.Button("Stop", variant="stop")
     w.train_status = gr.Markdown()

@@ -271,7 +271,7 @@ def test_the_experiments_loop(page, tmp_path):
     settings.write_text(settings.read_text().replace("steps: 12", "steps: 400"))  # long enough to be stopped
 
     page.get_by_role("tab", name="2 · Data & train").click()
-    block(page, "Load a settings file (.yaml / .json, as the Runs tab exports it)").locator(
+    block(page, "Load settings (.yaml / .json from Runs)").locator(
         "input[type=file]").set_input_files(str(settings))
     expect(page.get_by_label("steps")).to_have_value("400")
     expect(page.get_by_label("learning rate", exact=True)).to_have_value("0.02")

@@ -179,7 +179,8 @@ def _data_config(args):
 
 def cmd_train(args) -> int:
     from .engine.persistence import save_bridge
-    from .training.data import load_examples, load_splits
+    from .training.data import load_splits
+    from .training.examples import read_jsonl, write_jsonl
     from .training.trainer import TrainConfig, Trainer
 
     for needed in ("data", "out"):
@@ -203,14 +204,13 @@ def cmd_train(args) -> int:
     scales = {k: v if getattr(args, k) is None else getattr(args, k) for k, v in recipe.train_fields().items()}
     extra_path = Path(args.resume).parent.parent / "extra_examples.jsonl" if args.resume else None
     if extra_path is not None and extra_path.is_file():  # the rows the run's recipe added when it started
-        examples += load_examples(extra_path)[0]
+        examples += read_jsonl(extra_path)
     elif args.method == "calm" and recipes.is_new(calm):  # a new bridge starts the recipe's way
         changes, extra, notes = recipes.prepare(calm, recipe, examples, seed=args.seed)
         scales, examples = {**scales, **changes}, examples + extra
         print("; ".join(notes), file=sys.stderr)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "extra_examples.jsonl").write_text("".join(json.dumps({"prompt": e.prompt, "completion": e.completion,
-                                                                      "keep_anchor": e.keep_anchor}) + "\n" for e in extra))
+        write_jsonl(out / "extra_examples.jsonl", extra)
     config = TrainConfig(method=args.method, recipe=recipe.name, **scales,
         steps=args.steps, lr=args.lr, augment_noise=args.augment_noise,
         batch_size=args.batch_size, grad_accum=args.grad_accum,

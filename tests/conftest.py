@@ -8,6 +8,16 @@ from calm_core.models.tiny import bpe_tokenizer, char_tokenizer, tiny_model
 pytest_plugins = ["tests.strict_ci"]
 
 
+@pytest.fixture(scope="session")
+def preset_root(tmp_path_factory):
+    """A presets folder holding the tiny preset (app_fixtures.write_tiny_preset); tests only read it."""
+    from .app_fixtures import write_tiny_preset
+
+    root = tmp_path_factory.mktemp("presets")
+    write_tiny_preset(root)
+    return root
+
+
 @pytest.fixture(scope="session", autouse=True)
 def runs_folder(tmp_path_factory):
     """Every LabSession of the suite (and the app servers it starts, through the environment) keeps its runs in the

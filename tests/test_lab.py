@@ -8,14 +8,7 @@ from calm_core import CALMError
 from calm_core.lab.session import LabSession, ModelCache
 from calm_core.training.trainer import TrainConfig
 
-from .app_fixtures import write_large_csv, write_tiny_preset
-
-
-@pytest.fixture(scope="module")
-def preset_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("presets")
-    write_tiny_preset(root)
-    return root
+from .app_fixtures import write_large_csv
 
 
 @pytest.fixture

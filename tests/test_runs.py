@@ -11,15 +11,6 @@ from calm_core.cli import main as cli_main
 from calm_core.lab import run_settings
 from calm_core.lab.session import LabSession, ModelCache
 
-from .app_fixtures import write_tiny_preset
-
-
-@pytest.fixture(scope="module")
-def preset_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("presets")
-    write_tiny_preset(root)
-    return root
-
 
 @pytest.fixture
 def session(preset_root, monkeypatch, tmp_path):
@@ -207,3 +198,18 @@ def test_bad_cli_config_files_are_answered_by_key_and_range(preset_root, tmp_pat
                      "--every", "1", "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2 and message.replace("\\", "") in err, err
+
+
+def test_the_cli_resumes_its_own_run_whatever_rows_the_recipe_added(preset_root, tmp_path):
+    """A plain-recipe run adds no rows: its empty extra_examples.jsonl must not stop a resume."""
+    tiny = preset_root / "tiny"
+    common = ["train", "--anchor", str(tiny / "anchor"), "--augment", str(tiny / "augment"), "--every", "1",
+              "--data", str(tiny / "data" / "train.jsonl"), "--validation", str(tiny / "data" / "validation.jsonl"),
+              "--steps", "4", "--batch-size", "4", "--checkpoint-every", "2", "--log-every", "1", "--no-progress"]
+    assert cli_main(common + ["--out", str(tmp_path / "a")]) == 0
+    assert (tmp_path / "a" / "extra_examples.jsonl").read_text() == ""
+    assert cli_main(common + ["--out", str(tmp_path / "b"), "--resume",
+                              str(tmp_path / "a" / "checkpoints" / "step-000002")]) == 0
+    whole = [json.loads(line)["loss"] for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    resumed = [json.loads(line)["loss"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert resumed == pytest.approx(whole[2:], rel=1e-5)

@@ -124,10 +124,8 @@ def read_settings(path_or_text, source: str = "the settings file") -> dict:
     if "bf16" in fields:
         fields["bf16"] = _flag("bf16", fields["bf16"], source)
     try:
-        TrainConfig(**{k: v for k, v in fields.items()})  # the rest of its checks, naming the field
-    except TypeError as exc:
-        raise CALMError(f"{source}: {exc}") from None
-    except CALMError as exc:
+        TrainConfig(**fields)  # the rest of its checks, naming the field
+    except (TypeError, CALMError) as exc:
         raise CALMError(f"{source}: {exc}") from None
     fields["_source"] = {k: options[k] for k in options if k in shape or k in SOURCE_OPTIONS}
     return fields

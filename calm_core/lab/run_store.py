@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..errors import CALMError
 from ..training.checkpoints import is_checkpoint
-from ..training.examples import Example
+from ..training.examples import Example, read_jsonl, write_jsonl
 
 MAX_KEPT = int(os.environ.get("CALM_KEPT_RUNS", "10"))  # runs a session keeps (each: a bridge and its optimizer state)
 RUNS_ROOT = Path(os.environ.get("CALM_RUNS_DIR", Path(tempfile.gettempdir()) / "calm-lab-runs"))
@@ -118,22 +118,10 @@ class RunStore:
 
     def save_examples(self, record: RunRecord, examples: list[Example]) -> None:
         """The rows a recipe added (rehearsal), so that resuming trains on exactly the same data."""
-        with (Path(record.folder) / EXTRA_FILE).open("w") as f:
-            for e in examples:
-                f.write(json.dumps(asdict(e)) + "\n")
+        write_jsonl(Path(record.folder) / EXTRA_FILE, examples)
 
     def load_examples(self, record: RunRecord) -> list[Example]:
-        path = Path(record.folder) / EXTRA_FILE
-        names = {f.name for f in fields(Example)}
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-        return [Example(**{k: v for k, v in row.items() if k in names}) for row in rows]
-
-    def prune_checkpoints(self, record: RunRecord) -> None:
-        """Keep the last checkpoint only (each holds the whole bridge and optimizer state)."""
-        last = record.checkpoint()
-        for path in (Path(record.folder) / "checkpoints").glob("step-*"):
-            if path != last:
-                shutil.rmtree(path, ignore_errors=True)
+        return read_jsonl(Path(record.folder) / EXTRA_FILE)
 
     def archive(self, record: RunRecord) -> Path:
         """The run's folder as one .zip (bridge, optimizer state, settings, history), in a fresh temporary folder."""

@@ -230,7 +230,6 @@ class TrainingRuns:
                     self.run.accuracy = list(self.trainer.probe.curve)
                 if status == "failed" and self.trainer.step and self.trainer.config.method == "calm":
                     self.trainer.save_checkpoint(Path(self.record.folder) / "checkpoints" / f"step-{self.trainer.step:06d}")
-                self.runs.prune_checkpoints(self.record)
                 self._keep(status)
             except Exception as exc:  # the run's record is a convenience; the run's own outcome stands
                 self.run.message += f" (Keeping the run's record failed: {exc}.)"

@@ -19,11 +19,9 @@ LONGEST_ANSWER = 32  # tokens: references longer than this are text to write, no
 
 class AccuracyProbe:
     def __init__(self, calm, examples: list[Example], sample: int = 32, scoring: str = "exact", share: float = 0.1):
-        tokenizer = calm.anchor.tokenizer
-        lengths = [len(tokenizer(e.completion, add_special_tokens=False)["input_ids"]) for e in examples[:4 * sample]
-                   if e.completion.strip() and not e.keep_anchor]
-        chosen = [e for e in examples[:4 * sample] if e.completion.strip() and not e.keep_anchor]
-        pairs = [(e, n) for e, n in zip(chosen, lengths) if n <= LONGEST_ANSWER][:sample]
+        tokens = lambda text: len(calm.anchor.tokenizer(text, add_special_tokens=False)["input_ids"])
+        answers = [(e, tokens(e.completion)) for e in examples[:4 * sample] if e.completion.strip() and not e.keep_anchor]
+        pairs = [(e, n) for e, n in answers if n <= LONGEST_ANSWER][:sample]
         self.calm, self.examples = calm, [e for e, _ in pairs]
         self.max_new_tokens = max((n for _, n in pairs), default=1) + 1  # one more: the answer must also end
         self.score, self.share = SCORERS[scoring], share

@@ -2,7 +2,9 @@
 data.py (small files) and data_arrow.py (large ones, as Arrow columns) both build on these."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 from ..errors import CALMError
 
@@ -22,6 +24,18 @@ class Example:
     # True: the completion's tokens are trained toward the anchor alone's next-token distribution (KL), not
     # toward the text: rehearsal rows that teach the bridge to leave the anchor as it was where m_A adds nothing
     keep_anchor: bool = False
+
+
+def write_jsonl(path, examples) -> None:
+    """Examples as JSON lines (prompt, completion, keep_anchor): the rows a recipe added to a run, kept beside it."""
+    Path(path).write_text("".join(json.dumps(asdict(e)) + "\n" for e in examples))
+
+
+def read_jsonl(path) -> list[Example]:
+    """The rows write_jsonl wrote (none when the file is absent or empty)."""
+    path, names = Path(path), {f.name for f in fields(Example)}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return [Example(**{k: v for k, v in row.items() if k in names}) for row in rows]
 
 
 def _kind(value) -> str:

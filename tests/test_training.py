@@ -353,10 +353,10 @@ def test_replaying_threads_never_see_each_others_layers(tokenizers):
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "gemma"])
-def test_losses_from_the_predicting_positions_only_equal_those_from_every_position(tokenizers, arch):
-    """Training applies the output layer only where a label follows (predicting_positions): same losses, same
-    gradients, whether the model takes logits_to_keep or the logits are cut after the fact."""
-    from calm_core.training.batches import predicting_positions, token_losses
+def test_losses_from_the_predicting_positions_or_mask_only_equal_those_from_every_position(tokenizers, arch):
+    """Training applies the output layer only where a label follows (predicting_positions, or per row with
+    predicting_mask): same losses, same gradients, whether the model takes logits_to_keep or not."""
+    from calm_core.training.batches import predicting_mask, predicting_positions, token_losses
 
     anchor = make_pair(arch, tokenizers["char_bos"], layers=2, width=32, seed=1)
     augment = make_pair("llama", tokenizers["bpe"], layers=2, width=24, seed=2)
@@ -366,16 +366,23 @@ def test_losses_from_the_predicting_positions_only_equal_those_from_every_positi
     batch, labels = collate(calm, rows)
     positions = predicting_positions(labels)
     assert 0 < len(positions) < labels.shape[1] - 1
+    mask = predicting_mask(labels)
+    assert mask.sum() == (labels != -100).sum() < len(positions) * len(examples)  # tighter than the union
     results = []
-    for kept in (None, positions):
+    for kept in (None, positions, mask):
         calm.bridge.zero_grad()
-        losses = token_losses(calm.forward(batch, positions=kept), labels, kept)
+        logits = calm.forward(batch, positions=kept)
+        assert logits.shape[:-1] == ((int(mask.sum()),) if kept is mask else labels.shape if kept is None else
+                                     (len(examples), len(positions)))
+        losses = token_losses(logits, labels, kept)
         losses.sum().backward()
         results.append((losses.detach(), [p.grad.clone() for p in calm.bridge.parameters()]))
-    (full, full_grads), (cut, cut_grads) = results
-    assert len(full) == (labels != -100).sum() and torch.allclose(full, cut, atol=1e-5)
-    for a, b in zip(full_grads, cut_grads):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    full, full_grads = results[0]
+    assert len(full) == (labels != -100).sum()
+    for cut, cut_grads in results[1:]:
+        torch.testing.assert_close(full, cut, atol=1e-5, rtol=1e-5)
+        for a, b in zip(full_grads, cut_grads):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def _anchor_kl(calm, examples) -> float:
@@ -410,8 +417,13 @@ def test_keep_anchor_rows_pull_an_open_bridge_back_to_the_anchor(calm, cache):
     assert before > 1e-3 and after < 0.5 * before, (before, after)
 
 
-def test_mixed_batches_train_text_rows_on_text_and_kept_rows_toward_the_anchor(tokenizers):
-    """Text rows keep their cross-entropy, kept rows get KL to the anchor alone; with and without the cache."""
+@pytest.mark.parametrize("form", ["positions", "mask"])
+def test_mixed_batches_train_text_rows_on_text_and_kept_rows_toward_the_anchor(tokenizers, form):
+    """Text rows keep their cross-entropy, kept rows get KL to the anchor alone; with and without the cache;
+    logits at the union of positions or at each row's own targets (the trainer's form)."""
+    from calm_core.training.batches import predicting_mask
+
+    choose = predicting_mask if form == "mask" else predicting_positions
 
     def text_losses(calm, rows):
         batch, labels = collate(calm, rows)
@@ -429,7 +441,7 @@ def test_mixed_batches_train_text_rows_on_text_and_kept_rows_toward_the_anchor(t
         trainer = Trainer(calm, text + kept, None, config(steps=3, cache_augment_states=cache))
         rows = [trainer.train_rows[i] for i in range(12)]
         batch, labels = collate(calm, rows)
-        positions = predicting_positions(labels)
+        positions = choose(labels)
         with torch.no_grad():
             losses = trainer._losses(rows, calm.forward(batch, positions=positions), labels, positions, None)
             expected_text = text_losses(calm, rows[:6])

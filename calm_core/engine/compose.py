@@ -138,7 +138,9 @@ class ComposedLM(Inspection):
         """Logits for an encoded batch. augment_states, when given, replaces running the augmenting
         models (one list of per-composition-layer states per model, as augment_states() returns);
         anchor_prefix, the anchor's frozen layers below the bridge (anchor_prefix.prefix_states);
-        positions: logits at these positions only (B, len(positions), V) (batches.predicting_positions)."""
+        positions: logits at these positions only: 1-D indices -> (B, len(positions), V)
+        (batches.predicting_positions); a (B, T) bool mask -> (N, V) at its True (row, position) pairs, row by row
+        (batches.predicting_mask), the output layer applied to nothing else."""
         device = loading.device_of(self.anchor.model)
         scales = self.block_scales()
         condition = []
@@ -207,7 +209,8 @@ class ComposedLM(Inspection):
         condition: (augment index, memory per block, visibility (B, T, T_aug)) per active model.
         scales: per composition layer factors (default: this thread's gate_scale / layers_off).
         last_only: logits for the last position only, (B, 1, vocab): generation never needs more,
-        and a 262k vocabulary makes full prompt logits cost gigabytes. positions: logits at those positions only."""
+        and a 262k vocabulary makes full prompt logits cost gigabytes. positions: logits at those positions only
+        (1-D indices -> (B, P, V); (B, T) bool mask -> (N, V), see forward)."""
         scales, blocks_by_layer = scales or self.block_scales(), {}
         recorded = None
         if self._recorder is not None:
@@ -248,9 +251,14 @@ class ComposedLM(Inspection):
             else:
                 handles = [self.anchor.layers[layer].register_forward_hook(after(entries), prepend=True)
                            for layer, entries in blocks_by_layer.items()]
+            picked = positions is not None and positions.dim() == 2
+            if picked:  # the output layer sees the masked (row, position) pairs only: (B, T, D) -> (N, D)
+                handles.append(model.get_output_embeddings().register_forward_pre_hook(
+                    lambda module, args: (args[0][positions],) + tuple(args[1:]) if args[0].dim() == 3 else None,
+                    prepend=True))
             try:
                 extra = {} if position_ids is None else {"position_ids": position_ids.to(input_ids.device)}
-                keep = 1 if last_only else positions
+                keep = 1 if last_only else None if picked else positions
                 if keep is not None and _accepts(model, "logits_to_keep"):
                     extra["logits_to_keep"] = keep
                 out = model(
@@ -263,6 +271,8 @@ class ComposedLM(Inspection):
                     handle.remove()
         if last_only:
             return out.logits[:, -1:]
+        if picked:
+            return out.logits if out.logits.dim() == 2 else out.logits[positions]  # (N, V)
         if positions is not None and "logits_to_keep" not in extra:  # a model without logits_to_keep
             return out.logits[:, positions]
         return out.logits

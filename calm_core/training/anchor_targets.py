@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import torch
 
-from .batches import collate
+from .batches import collate, flat_predictions
 
 
 def anchor_kl_losses(logits: torch.Tensor, reference: torch.Tensor, labels: torch.Tensor,
                      positions: torch.Tensor) -> torch.Tensor:
     """KL(reference || composition) (N,) at each target token, row by row, in token_losses' order.
-    logits, reference: (B, len(positions), V) at `positions`; reference is the anchor alone's."""
-    shifted = labels.to(logits.device)[:, positions.to(logits.device) + 1]
-    keep = shifted != -100
-    return kl_to_reference(torch.log_softmax(reference[keep].float(), -1), logits[keep])
+    logits, reference: the composition's and the anchor alone's, in the same form (batches.flat_predictions)."""
+    flat, _, _ = flat_predictions(logits, labels, positions)
+    flat_reference, _, _ = flat_predictions(reference, labels, positions)
+    return kl_to_reference(torch.log_softmax(flat_reference.float(), -1), flat)
 
 
 def kl_to_reference(log_q: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -32,20 +32,24 @@ def kl_to_reference(log_q: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
 
 def kept_row_losses(calm, rows, kept: list[int], logits, labels, positions, prefix=None, references=None,
                     bf16: bool = False) -> torch.Tensor:
-    """KL losses (N,) of the rows `kept` (indices into the batch), row by row.
+    """KL losses (N,) of the rows `kept` (sorted indices into the batch), row by row.
     references: their stored (targets, V) log-probabilities (FrozenStates.references); None: run the anchor."""
+    flat, _, row_of = flat_predictions(logits, labels, positions)
+    mine = flat[torch.isin(row_of, torch.tensor(kept, device=row_of.device))]  # kept rows' tokens, row by row
     if references is not None:
-        targets = labels[:, positions + 1] != -100  # (B, P)
-        return torch.cat([kl_to_reference(log_q, logits[b][targets[b].to(logits.device)])
-                          for b, log_q in zip(kept, references)])
+        return kl_to_reference(torch.cat(references), mine)
     sub_batch, sub_labels = collate(calm, [rows[b] for b in kept])
     width = sub_labels.shape[1]
-    # the batch's positions, clipped to these rows' width: a clipped position predicts no target of theirs
-    sub_positions = positions.clamp(max=width - 1)
+    if positions.dim() == 2:  # these rows' mask; their targets all lie within their own width
+        sub_positions = positions[kept][:, :width]
+    else:  # the batch's positions, clipped to these rows' width: a clipped position predicts no target of theirs
+        sub_positions = positions.clamp(max=width - 1)
     sub_prefix = None if prefix is None else prefix[kept][:, :width]
     device_type = logits.device.type
     with torch.no_grad(), calm.gate_scale(0.0), torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
         reference = calm.forward(sub_batch, anchor_prefix=sub_prefix, positions=sub_positions)
-    padded = torch.full((len(kept), labels.shape[1]), -100, dtype=labels.dtype)
-    padded[:, :width] = sub_labels
-    return anchor_kl_losses(logits[kept], reference, padded, positions)
+    if positions.dim() != 2:
+        padded = torch.full((len(kept), labels.shape[1]), -100, dtype=labels.dtype)
+        padded[:, :width] = sub_labels
+        reference, _, _ = flat_predictions(reference, padded, positions)
+    return kl_to_reference(torch.log_softmax(reference.float(), -1), mine)

@@ -110,13 +110,57 @@ def predicting_positions(labels: torch.Tensor) -> torch.Tensor:
     return (labels[:, 1:] != -100).any(0).nonzero().flatten()
 
 
-def token_losses(logits: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-    """Cross-entropy (N,) of each target token, row by row; logits at i predict the label at i + 1.
-    positions: the logits are (B, len(positions), V) at those positions only (predicting_positions)."""
+def predicting_mask(labels: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: True at (b, i) where row b has a label at i + 1. Tighter than predicting_positions, whose
+    union over rows still applies the output layer to every row at every row's answer positions (a batch with
+    one 40-token rehearsal answer: 40 positions in all 16 rows); with the mask the model's logits are (N, V)."""
+    mask = torch.zeros(labels.shape, dtype=torch.bool)
+    mask[:, :-1] = labels[:, 1:] != -100
+    return mask
+
+
+def flat_predictions(logits: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor | None = None):
+    """(logits (N, V), targets (N,), row of each (N,)) for the N target tokens, row by row, whichever form the
+    logits come in: every position (positions None), (B, P, V) at 1-D positions, or (N, V) at a (B, T) mask."""
     labels = labels.to(logits.device)  # labels are built on the CPU; logits may be on a GPU
+    if positions is not None and positions.dim() == 2:
+        mask = positions.to(logits.device)
+        shifted = torch.full_like(labels, -100)
+        shifted[:, :-1] = labels[:, 1:]
+        return logits, shifted[mask], mask.nonzero()[:, 0]
     if positions is None:
         logits, shifted = logits[:, :-1], labels[:, 1:]
     else:
         shifted = labels[:, positions.to(logits.device) + 1]
     keep = shifted != -100
-    return torch.nn.functional.cross_entropy(logits[keep].float(), shifted[keep], reduction="none")
+    return logits[keep], shifted[keep], keep.nonzero()[:, 0]
+
+
+def token_losses(logits: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Cross-entropy (N,) of each target token, row by row; logits at i predict the label at i + 1.
+    positions: the logits are (B, len(positions), V) at those positions only (predicting_positions), or
+    (N, V) at a (B, T) mask (predicting_mask)."""
+    flat, targets, _ = flat_predictions(logits, labels, positions)
+    return torch.nn.functional.cross_entropy(flat.float(), targets, reduction="none")
+
+
+def length_groups(lengths: list[int], overhead: int = 32) -> list[list[int]]:
+    """Split a batch's rows (by index) into groups of similar length, the cheapest way to run them.
+
+    A padded batch costs rows x longest row; a group costs `overhead` tokens more (one more pass of the
+    model's Python). Rehearsal rows carry 40-token answers beside 4-token ones, so one long row pads a batch
+    of short ones to nearly twice their work; run apart, the gradient is the same sum (the trainer divides by
+    the batch's target tokens), only cheaper. Optimal over contiguous runs of the sorted lengths (O(n^2))."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    sorted_lengths = [lengths[i] for i in order]
+    best, cut = [0.0] + [float("inf")] * len(order), [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):  # best[end]: cheapest cost of the first `end` sorted rows
+        for start in range(end):
+            cost = best[start] + (end - start) * sorted_lengths[end - 1] + overhead
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    groups, end = [], len(order)
+    while end:
+        groups.append(sorted(order[cut[end]:end]))
+        end = cut[end]
+    return groups[::-1]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import CALMError
-from .batches import collate, predicting_positions, prepare, token_losses
+from .batches import collate, predicting_mask, prepare, token_losses
 from .data import Example
 
 METRICS = ("exact_match", "chrf", "bleu", "loss")
@@ -94,7 +94,7 @@ def lm_loss(calm, examples: list[Example], batch_size: int = 16) -> dict:
     total, count = 0.0, 0
     for start in range(0, len(rows), batch_size):
         batch, labels = collate(calm, rows[start:start + batch_size])
-        positions = predicting_positions(labels)
+        positions = predicting_mask(labels)
         losses = token_losses(calm.forward(batch, positions=positions), labels, positions)
         total, count = total + float(losses.sum()), count + losses.numel()
     loss = total / max(1, count)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..engine.anchor_prefix import prefix_depth, prefix_states
-from .batches import collate, predicting_positions
+from .batches import collate, predicting_mask
 
 CHUNK = 64  # rows computed together
 
@@ -73,12 +73,11 @@ class FrozenStates:
         if not kept:
             return {}
         batch, labels = collate(self.calm, [self.rows[i] for i in kept])
-        positions = predicting_positions(labels)
+        positions = predicting_mask(labels)
         with self.calm.gate_scale(0.0):
-            logits = self.calm.forward(batch, positions=positions)
-        targets = labels[:, positions + 1] != -100
-        return {i: torch.log_softmax(logits[b][targets[b].to(logits.device)].float(), -1).to(self.reference_dtype).cpu()
-                for b, i in enumerate(kept)}
+            logits = self.calm.forward(batch, positions=positions)  # (N, V), row by row
+        per_row = torch.log_softmax(logits.float(), -1).to(self.reference_dtype).cpu().split(positions.sum(1).tolist())
+        return dict(zip(kept, per_row))
 
     def references(self, indices: list[int]) -> list[torch.Tensor]:
         """The keep_anchor rows' stored reference log-probabilities, in the order of indices (call batch() first)."""

@@ -24,7 +24,7 @@ from ..errors import CALMError
 from . import checkpoints
 from .accuracy_probe import AccuracyProbe
 from .anchor_targets import kept_row_losses
-from .batches import collate, predicting_positions, token_losses
+from .batches import collate, flat_predictions, length_groups, predicting_mask, token_losses
 from .config import TrainConfig, TrainResult, lr_factor, parameter_role  # noqa: F401  (the public names)
 from .data import Example
 from .distributed import Distributed
@@ -139,9 +139,12 @@ class Trainer:
     # ---- training -----------------------------------------------------------------------------
 
     def _micro_batches(self, indices: list[int]) -> list[list[int]]:
+        """This rank's rows, in at most grad_accum-sized parts, each part run as groups of similar length."""
         mine = indices[self.dist.rank::self.dist.world]
         per = max(1, math.ceil(len(mine) / self.config.grad_accum))
-        return [mine[i:i + per] for i in range(0, len(mine), per)]
+        parts = [mine[i:i + per] for i in range(0, len(mine), per)]
+        return [[part[j] for j in group] for part in parts
+                for group in length_groups([len(self.train_rows[i].anchor_ids) for i in part])]
 
     def _train_step(self, use_cache: bool) -> tuple[float, int]:
         """One optimizer step; returns (mean token loss over the global batch, target tokens)."""
@@ -163,7 +166,7 @@ class Trainer:
                 references = self._states.references(micro)
             with torch.autocast(self._device_type(), dtype=torch.bfloat16, enabled=cfg.bf16), \
                     noisy_augment_states(calm.bridge.blocks(), cfg.augment_noise, generator):
-                positions = predicting_positions(labels)
+                positions = predicting_mask(labels)  # the output layer at target tokens only: logits (N, V)
                 logits = calm.forward(batch, augment_states=states, anchor_prefix=prefix, positions=positions)
             losses = self._losses(rows, logits, labels, positions, prefix, references)
             (losses.sum() / total.clamp(min=1)).backward()
@@ -187,9 +190,9 @@ class Trainer:
         kept = [b for b, row in enumerate(rows) if row.keep_anchor]
         if not kept:
             return token_losses(logits, labels, positions)
-        text_labels = labels.clone()
-        text_labels[kept] = -100
-        return torch.cat([token_losses(logits, text_labels, positions),
+        flat, targets, row_of = flat_predictions(logits, labels, positions)
+        text = ~torch.isin(row_of, torch.tensor(kept, device=row_of.device))
+        return torch.cat([torch.nn.functional.cross_entropy(flat[text].float(), targets[text], reduction="none"),
                           kept_row_losses(self.calm, rows, kept, logits, labels, positions, prefix, references,
                                           self.config.bf16)])
 
@@ -204,7 +207,7 @@ class Trainer:
         for start in range(0, len(self.val_rows), cfg.batch_size):
             indices = list(range(start, min(start + cfg.batch_size, len(self.val_rows))))
             batch, labels = collate(self.calm, [self.val_rows[i] for i in indices])
-            positions, states, prefix = predicting_positions(labels), None, None
+            positions, states, prefix = predicting_mask(labels), None, None
             if self._use_cache:  # the validation rows' frozen states too: a check costs the anchor above the bridge
                 self._val_states = self._val_states or FrozenStates(self.calm, self.val_rows, self._reference_dtype,
                                                                     cfg.bf16)

@@ -1,4 +1,6 @@
 """Tiny models and tokenizers, all built offline and seeded; and, under CI, no quiet skips (strict_ci.py)."""
+import os
+
 import pytest
 import torch
 
@@ -6,6 +8,10 @@ from calm_core import CALMConfig, ComposedLM
 from calm_core.models.tiny import bpe_tokenizer, char_tokenizer, tiny_model
 
 pytest_plugins = ["tests.strict_ci"]
+
+# The suite's sessions (and the app servers it starts) train several runs at once on purpose; a 2-core server's own
+# default is one run at a time (training_run.MAX_RUNS).
+os.environ.setdefault("CALM_MAX_RUNS", "8")
 
 
 @pytest.fixture(scope="session")

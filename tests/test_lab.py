@@ -1,4 +1,5 @@
 """The per-session lab behind the app, without a browser: presets, isolation, training, bridge files."""
+import time
 import zipfile
 
 import pytest
@@ -236,11 +237,16 @@ def test_the_server_takes_a_bounded_number_of_training_runs_at_once(lab, monkeyp
     import threading
 
     monkeypatch.setattr("calm_core.lab.training_run.RUNS", threading.BoundedSemaphore(1))
+    monkeypatch.setattr("calm_core.lab.training_run.MAX_RUNS", 1)
     a, b = lab(ModelCache()), lab(ModelCache())
     a.use_preset("tiny")
     b.use_preset("tiny")
-    a.start_training(TrainConfig(steps=100_000, batch_size=4, progress=False))
-    with pytest.raises(CALMError, match="training runs are in progress on this server"):
+    a.start_training(TrainConfig(steps=100_000, batch_size=4, progress=False, log_every=1))
+    with pytest.raises(CALMError, match="1 training run is in progress on this server.*(only just started|first to end)"):
+        b.start_training(TrainConfig(steps=2, batch_size=4, progress=False))
+    while a.run.eta_s() is None:  # once its pace is known, the refusal says when a place frees up
+        time.sleep(0.05)
+    with pytest.raises(CALMError, match=r"the first to end finishes in about \d+ (s|min) \(at its pace so far\)"):
         b.start_training(TrainConfig(steps=2, batch_size=4, progress=False))
     a.stop_training()
     a.wait(60)

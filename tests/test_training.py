@@ -116,7 +116,7 @@ def test_augment_cache_is_used_when_it_fits_and_off_when_not(calm, caplog):
 
 
 def test_divergence_restores_the_last_good_bridge(calm, monkeypatch):
-    import calm_core.training.trainer as training
+    import calm_core.training.anchor_targets as training  # where the trainer's per-token losses are taken
 
     trainer = Trainer(calm, reverse_task(32, 0), None, config(steps=30))
     real = training.token_losses

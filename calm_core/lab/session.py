@@ -15,7 +15,7 @@ from ..errors import CALMError
 from ..training import recipes
 from ..training.config import TrainConfig
 from ..training.data import DataConfig, DataSplits, load_examples, load_splits
-from . import bounds, bridge_files, comparison, replies, run_settings
+from . import bounds, bridge_files, comparison, priority, replies, run_settings
 from .model_cache import MODEL_CACHE, ModelCache, default_dtype
 from .model_table import layer_labels, model_rows, short_name
 from .presets import Preset, load_preset
@@ -197,7 +197,8 @@ class LabSession(TrainingRuns):
                 streams = [calm.stream(prompt, max_new_tokens=max_new_tokens, **sampling)]
             streams += [m.stream(prompt, max_new_tokens=max_new_tokens, **sampling)
                         for m in (self.solo(0), self.solo(1), *extra)]
-            yield from replies.interleave(streams, lambda rate: setattr(self, "last_tokens_per_s", rate))
+            with priority.interactive():  # a training run on this server waits for this reply (priority.py)
+                yield from replies.interleave(streams, lambda rate: setattr(self, "last_tokens_per_s", rate))
 
     def attention(self, text: str, as_chat: bool = False):
         """The cross-attention record of one forward pass over text; as_chat reads it as a user's chat question,
@@ -210,7 +211,8 @@ class LabSession(TrainingRuns):
         text, anchor_special = render_prompt(calm.anchor.tokenizer, [{"role": "user", "content": text}] if as_chat else text)
         n = bounds.check_attention_text(calm, text)
         with LEDGER.reserve(attention_map_bytes(calm, n, n), "This attention map", "Shorten the text.",
-                            device_of_calm(calm)), torch.no_grad(), calm.record_attention() as record:
+                            device_of_calm(calm)), torch.no_grad(), priority.interactive(), \
+                calm.record_attention() as record:
             calm.forward(calm.encode([text], add_special_tokens=anchor_special, augment_special_tokens=True))
         return record
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -15,16 +16,19 @@ from ..engine.compose import ComposedLM
 from ..errors import CALMError
 from ..training import recipes
 from ..training.trainer import TrainConfig, Trainer
-from . import bounds, comparison, run_settings
+from . import bounds, comparison, priority, run_settings
 from .resources import LEDGER, device_of_calm, frozen_cache_bytes, training_bytes
 from .run_store import RunRecord
 
-MAX_RUNS = int(os.environ.get("CALM_MAX_RUNS", "8"))  # training runs at once in this process
+# training runs at once in this process: one per two processors (a run's matrix products use two threads well; more
+# runs than that only share the same cores, each slower), at least one; CALM_MAX_RUNS overrides
+MAX_RUNS = int(os.environ.get("CALM_MAX_RUNS") or max(1, (os.cpu_count() or 2) // 2))
 RUNS = threading.BoundedSemaphore(MAX_RUNS)
+ACTIVE: "weakref.WeakSet[RunState]" = weakref.WeakSet()  # the runs holding a place now, for when_a_run_ends()
 LEDGER_BUDGET = "what this session may still use on this machine (the memory ledger)"
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: a run is one run (and sits in ACTIVE, a weak set)
 class RunState:
     """What the app shows about the current or last training run."""
 
@@ -66,6 +70,17 @@ class RunState:
         return " · ".join(parts) + (f"\n\n{self.message}" if self.message else "")
 
 
+def when_a_run_ends() -> str:
+    """When a place frees up, from the running runs' own pace: what a refused student is told."""
+    left = [r.eta_s() for r in list(ACTIVE) if r.running]
+    known = [s for s in left if s is not None]
+    if not known:
+        return "the running ones have only just started (their pace is not known yet): try again in a minute"
+    soonest = min(known)
+    when = f"about {soonest / 60:.0f} min" if soonest >= 90 else f"about {max(soonest, 1):.0f} s"
+    return f"the first to end finishes in {when} (at its pace so far): you can start then"
+
+
 class TrainingRuns:
     """The training half of LabSession (which sets calm, splits, run, trainer, baselines, _thread, _lock)."""
 
@@ -87,8 +102,9 @@ class TrainingRuns:
             if self.splits is None:
                 raise CALMError("No training data: upload a file or pick a preset data set first.")
             if not RUNS.acquire(blocking=False):
-                raise CALMError(f"{MAX_RUNS} training runs are in progress on this server, as many as it takes at "
-                                "once (they share its processors); try again when one has ended.")
+                runs = "1 training run is" if MAX_RUNS == 1 else f"{MAX_RUNS} training runs are"
+                raise CALMError(f"{runs} in progress on this server, as many as it takes at once (they share its "
+                                f"processors); {when_a_run_ends()}.")
             try:
                 if resume:
                     record = self.runs.get(resume)
@@ -165,6 +181,7 @@ class TrainingRuns:
                              checkpoint_every=config.checkpoint_every or max(25, config.steps // 10))
             self.trainer = Trainer(calm, examples, self.splits.validation, config, callback=self._record)
             self.trainer.cache_budget_name = budget_name
+            self.trainer.before_step = priority.yield_to_interactive  # chat replies on this server go first
             if not fresh:
                 self.trainer.resume(record.checkpoint())
                 composed.recipe = _recipe_of(record.checkpoint())
@@ -179,6 +196,7 @@ class TrainingRuns:
                             message=said[:1].upper() + said[1:] + ("." if said else ""),
                             history=[dict(h) for h in self.trainer.history], step=self.trainer.step,
                             accuracy=list(self.trainer.probe.curve) if self.trainer.probe else [])
+        ACTIVE.add(self.run)
         self._thread = threading.Thread(target=self._train, args=(reservation,), name="calm-training", daemon=True)
         self._thread.start()
         return self.run
@@ -234,6 +252,7 @@ class TrainingRuns:
             except Exception as exc:  # the run's record is a convenience; the run's own outcome stands
                 self.run.message += f" (Keeping the run's record failed: {exc}.)"
             self.run.running = False
+            ACTIVE.discard(self.run)
             reservation.__exit__(None, None, None)
             RUNS.release()
 

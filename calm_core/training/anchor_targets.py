@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .batches import collate, flat_predictions
+from .batches import collate, flat_predictions, token_losses
 
 
 def anchor_kl_losses(logits: torch.Tensor, reference: torch.Tensor, labels: torch.Tensor,
@@ -53,3 +53,15 @@ def kept_row_losses(calm, rows, kept: list[int], logits, labels, positions, pref
         padded[:, :width] = sub_labels
         reference, _, _ = flat_predictions(reference, padded, positions)
     return kl_to_reference(torch.log_softmax(reference.float(), -1), mine)
+
+
+def row_losses(calm, rows, logits, labels, positions, prefix=None, references=None, bf16: bool = False) -> torch.Tensor:
+    """Per-token losses of a batch (N,): cross-entropy on text rows' targets, then KL to the anchor alone on
+    keep_anchor rows' targets (references: as kept_row_losses)."""
+    kept = [b for b, row in enumerate(rows) if row.keep_anchor]
+    if not kept:
+        return token_losses(logits, labels, positions)
+    flat, targets, row_of = flat_predictions(logits, labels, positions)
+    text = ~torch.isin(row_of, torch.tensor(kept, device=row_of.device))
+    return torch.cat([torch.nn.functional.cross_entropy(flat[text].float(), targets[text], reduction="none"),
+                      kept_row_losses(calm, rows, kept, logits, labels, positions, prefix, references, bf16)])

@@ -23,8 +23,8 @@ from ..engine.bridge import noisy_augment_states
 from ..errors import CALMError
 from . import checkpoints
 from .accuracy_probe import AccuracyProbe
-from .anchor_targets import kept_row_losses
-from .batches import collate, flat_predictions, length_groups, predicting_mask, token_losses
+from .anchor_targets import row_losses
+from .batches import collate, length_groups, predicting_mask, token_losses
 from .config import TrainConfig, TrainResult, lr_factor, parameter_role  # noqa: F401  (the public names)
 from .data import Example
 from .distributed import Distributed
@@ -65,6 +65,7 @@ class Trainer:
         self._states: FrozenStates | None = None  # the frozen models' states, once per row (cache_augment_states)
         self._val_states: FrozenStates | None = None  # the same for the validation rows
         self._use_cache = False
+        self.before_step: Callable[[], object] | None = None  # called before every step (outside its timing)
         probe = AccuracyProbe(calm, validation or [], self.config.accuracy_examples, self.config.accuracy_scoring,
                               self.config.accuracy_share) if self.config.accuracy_examples else None
         self.probe = probe if probe and self.dist.rank == 0 and self.dist.world == 1 else None
@@ -185,16 +186,8 @@ class Trainer:
         return float(loss), int(total)
 
     def _losses(self, rows, logits, labels, positions, prefix=None, references=None) -> torch.Tensor:
-        """Per-token losses: cross-entropy on the text, KL to the anchor alone on keep_anchor rows' targets
-        (anchor_targets.py; references: those rows' stored log-probabilities, else the anchor runs there)."""
-        kept = [b for b, row in enumerate(rows) if row.keep_anchor]
-        if not kept:
-            return token_losses(logits, labels, positions)
-        flat, targets, row_of = flat_predictions(logits, labels, positions)
-        text = ~torch.isin(row_of, torch.tensor(kept, device=row_of.device))
-        return torch.cat([torch.nn.functional.cross_entropy(flat[text].float(), targets[text], reduction="none"),
-                          kept_row_losses(self.calm, rows, kept, logits, labels, positions, prefix, references,
-                                          self.config.bf16)])
+        """Per-token losses: cross-entropy on the text, KL to the anchor alone on keep_anchor rows' targets."""
+        return row_losses(self.calm, rows, logits, labels, positions, prefix, references, self.config.bf16)
 
     def _device_type(self) -> str:
         return next(self.calm.anchor.model.parameters()).device.type
@@ -241,6 +234,8 @@ class Trainer:
                 if self._stop.is_set():
                     result.stop_reason, result.message = "stopped", f"Stopped at step {self.step}; the bridge keeps what it learned."
                     break
+                if self.before_step is not None:
+                    self.before_step()  # e.g. the lab lets a waiting chat reply go first (lab/priority.py)
                 before, step_started = self._snapshot(), time.perf_counter()
                 loss, tokens = self._train_step(use_cache)
                 trained_s += time.perf_counter() - step_started

@@ -1,15 +1,15 @@
 """Speed at real scale: Gemma 3 270M anchor + SmolLM2-135M-Instruct augment, every=5 (6 composition layers).
 
-    python -m calm_core.models.real_pair                  # once: prepare the pair (see requirements-real.txt)
+    python -m calm_core.models.real_pair                  # once: prepare the pair (the app does it at first use)
     python -m benchmarks.real_pair [--quick] [--threads 2] [--out PATH]
 
 Measured, each against the frozen models alone in the same process (ratios are what to read):
   load       seconds to load each model from the prepared folder and to compose them; peak RSS
   generate   composed cached greedy decoding of 64 tokens from a 32-token prompt, against the
              anchor's and the augment's own cached `generate` of 64 tokens added together
-  train      one composed training step (Trainer, batch 8 x 128 anchor tokens, no augmenting-state
-             cache), against the anchor's forward + backward to its input embeddings plus the
-             augment's forward on the same texts
+  train      one composed training step (Trainer, batch 8 x 128 anchor tokens, frozen-state cache off and on),
+             against the anchor's forward + backward to its input embeddings plus the augment's forward on the
+             same texts, rounds interleaved (train_floor.py)
   evaluate   greedy answers to N short prompts (16 new tokens), one by one against batched
 Also the batched-evaluation speed-up on the benchmark pair (benchmarks/models.py, shared tokenizer).
 Without the prepared pair, the real-pair part is skipped with a note. Random gates at 0.5, EOS off.
@@ -25,13 +25,10 @@ import torch
 
 from calm_core import CALMConfig, ComposedLM, load_causal_lm
 from calm_core.models.real_pair import PREPARE_COMMAND, prepared_pair
-from calm_core.training.batches import token_losses
-from calm_core.training.data import Example
-from calm_core.training.trainer import TrainConfig, Trainer
 
 from . import models
 from .gen_speed import hf_generate, no_eos
-from .measure import StepProbe, median_seconds, peak_rss_mib
+from .measure import median_seconds, peak_rss_mib
 
 TOPICS = ["the river", "a small town", "the old library", "winter markets", "the mountain road", "a clockmaker",
           "the harbour", "glass bridges", "a village school", "the northern forest", "a lighthouse keeper"]
@@ -80,28 +77,11 @@ def generation(calm, results: dict, new_tokens: int, repeats: int) -> None:
                            "ratio_vs_both_models": seconds["ours"] / (seconds["anchor_hf"] + seconds["augment_hf"])}
 
 
-def training(calm, results: dict, batch: int, length: int, steps: int) -> None:
-    tok = calm.anchor.tokenizer
-    texts = passages(tok, 16, length)
-    config = TrainConfig(steps=steps + 2, batch_size=batch, lr=1e-4, warmup_steps=1, log_every=1, eval_every=10**9,
-                         max_length=length, cache_augment_states=False, progress=False)
-    probe = StepProbe()
-    trainer = Trainer(calm, [Example("", t) for t in texts], None, config, callback=lambda *_: probe())
-    probe.start()
-    trainer.train()
-    ours = probe.summary(2, batch * length)["step_s"]
-    anchor, augment = calm.anchor, calm.augments[0]
-    ids = torch.tensor([tok(t)["input_ids"][:length] for t in texts[:batch]])
-    aug = augment.tokenizer(texts[:batch], return_tensors="pt", padding=True)
+def training(calm, results: dict, batch: int, length: int, rounds: int) -> None:
+    """One composed training step (cache off and on) against the frozen models' floor: train_floor.py."""
+    from .train_floor import measure
 
-    def frozen_share():
-        embeds = anchor.model.get_input_embeddings()(ids).detach().requires_grad_(True)
-        token_losses(anchor.model(inputs_embeds=embeds).logits, ids).mean().backward()
-        with torch.no_grad():
-            augment.model(**aug)
-    base = median_seconds(frozen_share, steps)
-    results["train"] = {"ours_step_s": ours, "anchor_fwd_bwd_plus_augment_fwd_s": base, "ratio": ours / base,
-                        "batch": batch, "length": length, "tokens_per_s": batch * length / ours}
+    results["train"] = measure(calm, batch, length, rounds)
 
 
 def evaluation(calm, results: dict, key: str, prompts: list[str], new_tokens: int, batch_size: int) -> None:

@@ -9,6 +9,7 @@ import gradio as gr
 
 from calm_core import CALMConfig, CALMError, bounds, figures
 from calm_core.lab.model_cache import default_dtype
+from calm_core.lab.presets import prepare_real_pair
 from calm_core.lab.resources import LEDGER, data_bytes
 from calm_core.lab.session import LabSession
 from calm_core.models.loading import describe
@@ -42,11 +43,11 @@ def start(preset_name):
 
 
 @friendly
-def use_preset(session, preset_name):
+def use_preset(session, preset_name, progress=gr.Progress()):
     session = session or LabSession()  # API clients skip the page's load event
     if not preset_name:
         raise CALMError("Pick a preset first.")
-    session.use_preset(preset_name)
+    session.use_preset(preset_name, progress=lambda fraction, message: progress(fraction, desc=message))
     return _everything(session)
 
 
@@ -107,14 +108,10 @@ def reset_bridge(session):
 
 @friendly
 def load_real_pair(session, progress=gr.Progress()):
-    """Gemma 3 270M (anchor) + SmolLM2-135M-Instruct (augmenting), each loaded (after its memory
-    check) with progress, then composed through a new, closed bridge."""
-    from calm_core.models.real_pair import PREPARE_COMMAND, prepared_pair
-
+    """Gemma 3 270M (anchor) + SmolLM2-135M-Instruct (augmenting), prepared first where this server has
+    not yet, each loaded (after its memory check) with progress, then composed through a new, closed bridge."""
     session = session or LabSession()
-    folders = prepared_pair()
-    if folders is None:
-        raise CALMError(f"The real pair is not prepared on this server. Prepare it once with: {PREPARE_COMMAND}")
+    folders = prepare_real_pair(progress=lambda fraction, message: progress(fraction, desc=message))
     for fraction, (key, title) in zip((0.05, 0.5), (("gemma", "Gemma 3 270M"), ("smollm2", "SmolLM2-135M-Instruct"))):
         progress(fraction, desc=f"loading {title}")
         session.cache.get(str(folders[key]), default_dtype())  # cached: build() below finds it

@@ -97,10 +97,13 @@ def model_outputs(session: LabSession):
 
 
 def real_pair_note() -> str:
-    from calm_core.models.real_pair import PREPARE_COMMAND, prepared_pair
+    from calm_core.models.real_pair import PREPARE_COMMAND, prepared_pair, prepares_at_first_use
 
     if prepared_pair() is not None:
         return "*The real pair is prepared on this server: about 1.6 GB in float32 (half in bf16 on a GPU).*"
+    if prepares_at_first_use():
+        return ("*The real pair is prepared at first use (its preset or the real-pair button): about 2 min once "
+                "on 2 CPU cores, then about 1.6 GB in float32.*")
     return f"*The real pair is not prepared on this server; prepare it once with `{PREPARE_COMMAND}`.*"
 
 

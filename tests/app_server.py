@@ -58,7 +58,7 @@ def serve(tmp_path_factory, real_pair_dir):
     port = free_port()
     env = dict(os.environ, CALM_PRESETS_DIR=str(root), CALM_DEFAULT_PRESET="tiny", GRADIO_SERVER_PORT=str(port),
                GRADIO_SERVER_NAME="127.0.0.1", GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1",
-               CALM_REAL_PAIR_DIR=str(real_pair_dir))
+               CALM_REAL_PAIR_DIR=str(real_pair_dir), CALM_REAL_PAIR_AUTO="0")  # never a 2 min conversion here
     log_path = tmp_path_factory.mktemp("app-log") / "app.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -8,7 +8,7 @@ from calm_core import CALMConfig, ComposedLM, ModelLoadError, gguf_files, load_c
 
 from .conftest import CORPUS
 
-pytest.importorskip("gguf", reason="the gguf package is in requirements-real.txt")
+pytest.importorskip("gguf", reason="the gguf package is in requirements.txt")
 
 
 @pytest.fixture

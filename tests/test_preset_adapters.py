@@ -9,7 +9,7 @@ import torch
 from calm_core import CALMConfig, CALMError, ComposedLM
 from calm_core.lab.presets import list_presets, load_preset
 from calm_core.lab.session import LabSession, ModelCache
-from calm_core.models.real_pair import MARKER, MODELS, model_dir
+from calm_core.models.real_pair import MARKER, MODELS, PREPARE_COMMAND, model_dir
 from calm_core.models.tiny import char_tokenizer, tiny_model
 
 peft = pytest.importorskip("peft")
@@ -38,7 +38,7 @@ def fake_pair(tmp_path, monkeypatch):
         folder = model_dir(key, root)
         tiny_model(arch, len(tok), layers=2, width=32, seed=seed).save_pretrained(folder)
         tok.save_pretrained(folder)
-        (folder / MARKER).write_text("{}")
+        (folder / MARKER).write_text(json.dumps({"sha256": MODELS[key][2].sha256}))  # as prepare() writes it
     monkeypatch.setenv("CALM_REAL_PAIR_DIR", str(root))
     return root
 
@@ -111,8 +111,11 @@ def test_a_real_pair_preset_is_listed_only_where_the_pair_is_prepared(tmp_path, 
     assert preset.augment_adapters == [presets / "world" / "adapter"]
     assert preset.question_forms == {"town": ["{x} was born in which town?"]}
     monkeypatch.setenv("CALM_REAL_PAIR_DIR", str(tmp_path / "nothing"))
+    monkeypatch.setattr("calm_core.models.real_pair.prepares_at_first_use", lambda: True)
+    assert list_presets(presets) == ["world"]  # not prepared, but using it prepares it (LabSession.use_preset)
+    monkeypatch.setattr("calm_core.models.real_pair.prepares_at_first_use", lambda: False)
     assert list_presets(presets) == []
-    with pytest.raises(CALMError, match="python -m calm_core.real_pair"):
+    with pytest.raises(CALMError, match=PREPARE_COMMAND):
         load_preset("world", presets)
 
 

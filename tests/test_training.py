@@ -1,4 +1,5 @@
 """The trainer: learning, stopping, checkpoints, exact resume, divergence, truncation."""
+import copy
 import math
 import random
 
@@ -116,11 +117,11 @@ def test_augment_cache_is_used_when_it_fits_and_off_when_not(calm, caplog):
 
 
 def test_divergence_restores_the_last_good_bridge(calm, monkeypatch):
-    import calm_core.training.anchor_targets as training  # where the trainer's per-token losses are taken
+    import calm_core.training.trainer as training
 
     trainer = Trainer(calm, reverse_task(32, 0), None, config(steps=30))
-    real = training.token_losses
-    monkeypatch.setattr(training, "token_losses",
+    real = training.row_losses
+    monkeypatch.setattr(training, "row_losses",
                         lambda *args: real(*args) * (float("nan") if trainer.step >= 12 else 1.0))
     result = trainer.train()
     assert result.stop_reason == "diverged" and "lower learning rate" in result.message
@@ -442,8 +443,11 @@ def test_mixed_batches_train_text_rows_on_text_and_kept_rows_toward_the_anchor(t
         rows = [trainer.train_rows[i] for i in range(12)]
         batch, labels = collate(calm, rows)
         positions = choose(labels)
+        if form == "positions":
+            trainer._output = None  # logits at the positions; with the mask, the trainer's own hidden-state path
         with torch.no_grad():
-            losses = trainer._losses(rows, calm.forward(batch, positions=positions), labels, positions, None)
+            out = calm.forward(batch, positions=positions, hidden_only=trainer._output is not None)
+            losses = trainer._losses(rows, out, labels, positions, None)
             expected_text = text_losses(calm, rows[:6])
         assert losses.numel() == sum(r.num_targets for r in rows)
         n = expected_text.numel()
@@ -454,3 +458,50 @@ def test_mixed_batches_train_text_rows_on_text_and_kept_rows_toward_the_anchor(t
         bridges.append(calm.bridge.state_dict())
     for name in bridges[0]:
         torch.testing.assert_close(bridges[0][name], bridges[1][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("bias, chunk, autocast", [(False, 128, False), (True, 3, False), (False, 4, True)])
+def test_chunked_output_layer_cross_entropy_equals_logits_then_cross_entropy(monkeypatch, bias, chunk, autocast):
+    """fused_loss.linear_cross_entropy: same losses and same gradient w.r.t. the hidden states as the output layer's
+    logits followed by cross-entropy, across chunk boundaries, with a bias and under bf16 autocast."""
+    from calm_core.training import fused_loss
+
+    monkeypatch.setattr(fused_loss, "CHUNK", chunk)
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(16, 50, bias=bias).requires_grad_(False)
+    hidden, targets = torch.randn(11, 16, requires_grad=True), torch.randint(0, 50, (11,))
+    weights = torch.rand(11)  # a loss that weighs tokens unequally: backward scales each row's gradient
+    results = []
+    for fused in (False, True):
+        hidden.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            losses = (fused_loss.linear_cross_entropy(hidden, layer, targets) if fused else
+                      torch.nn.functional.cross_entropy(layer(hidden).float(), targets, reduction="none"))
+        (losses * weights).sum().backward()
+        results.append((losses.detach(), hidden.grad.clone()))
+    tolerance = dict(atol=3e-2, rtol=3e-2) if autocast else dict(atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(results[1][0], results[0][0], **tolerance)
+    torch.testing.assert_close(results[1][1], results[0][1], **tolerance)
+
+
+def test_training_through_the_chunked_output_layer_matches_the_logits_path(calm, monkeypatch):
+    """The trainer takes its cross-entropy through fused_loss when the anchor's output layer is plain; with it
+    turned off (as for a softcapped model) the same run gives the same losses."""
+    import calm_core.training.trainer as training
+
+    losses = []
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(training, "plain_output_layer", lambda model: None)
+        bridge = copy.deepcopy(calm.bridge.state_dict())
+        seen = []
+        trainer = Trainer(calm, reverse_task(16, 0), reverse_task(4, 1), config(steps=4, log_every=1, eval_every=2),
+                          callback=seen.append)
+        assert (trainer._output is not None) == fused
+        trainer.train()
+        calm.bridge.load_state_dict(bridge)
+        losses.append([(r["loss"], r["val_loss"]) for r in seen])
+    assert losses[0][0][0] > 0
+    for a, b in zip(*losses):
+        assert a[0] == pytest.approx(b[0], rel=1e-4) and (a[1] is None) == (b[1] is None)
+        assert a[1] is None or a[1] == pytest.approx(b[1], rel=1e-4)

@@ -134,13 +134,16 @@ class ComposedLM(Inspection):
         return self.forward(self.encode(texts))
 
     def forward(self, batch: ComposedBatch, augment_states: list[list[torch.Tensor]] | None = None,
-                anchor_prefix: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+                anchor_prefix: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                hidden_only: bool = False) -> torch.Tensor:
         """Logits for an encoded batch. augment_states, when given, replaces running the augmenting
         models (one list of per-composition-layer states per model, as augment_states() returns);
         anchor_prefix, the anchor's frozen layers below the bridge (anchor_prefix.prefix_states);
         positions: logits at these positions only: 1-D indices -> (B, len(positions), V)
         (batches.predicting_positions); a (B, T) bool mask -> (N, V) at its True (row, position) pairs, row by row
-        (batches.predicting_mask), the output layer applied to nothing else."""
+        (batches.predicting_mask), the output layer applied to nothing else; with hidden_only, (N, D): the
+        final hidden states there, the output layer left to the caller (training/fused_loss.py)."""
+        assert not hidden_only or (positions is not None and positions.dim() == 2), "hidden_only needs a (B, T) mask"
         device = loading.device_of(self.anchor.model)
         scales = self.block_scales()
         condition = []
@@ -155,7 +158,8 @@ class ComposedLM(Inspection):
             self._recorder.augment_tokens_by_model = [e.tokens[0] for e in batch.augments]
             self._recorder.augment_tokens = self._recorder.augment_tokens_by_model[0] if batch.augments else []
         run = lambda: self.anchor_logits(batch.anchor.input_ids.to(device), batch.anchor.attention_mask.to(device),
-                                         condition, positions=None if positions is None else positions.to(device))
+                                         condition, positions=None if positions is None else positions.to(device),
+                                         hidden_only=hidden_only)
         if anchor_prefix is None:
             return run()
         from .anchor_prefix import replaying
@@ -203,7 +207,8 @@ class ComposedLM(Inspection):
         return [captured[i] for i in wanted]
 
     def anchor_logits(self, input_ids, attention_mask, condition, cache=None, scales=None, position_ids=None,
-                      last_only: bool = False, positions: torch.Tensor | None = None) -> torch.Tensor:
+                      last_only: bool = False, positions: torch.Tensor | None = None,
+                      hidden_only: bool = False) -> torch.Tensor:
         """Run the anchor with the bridge added at its composition layers.
 
         condition: (augment index, memory per block, visibility (B, T, T_aug)) per active model.
@@ -251,11 +256,13 @@ class ComposedLM(Inspection):
             else:
                 handles = [self.anchor.layers[layer].register_forward_hook(after(entries), prepend=True)
                            for layer, entries in blocks_by_layer.items()]
-            picked = positions is not None and positions.dim() == 2
-            if picked:  # the output layer sees the masked (row, position) pairs only: (B, T, D) -> (N, D)
-                handles.append(model.get_output_embeddings().register_forward_pre_hook(
-                    lambda module, args: (args[0][positions],) + tuple(args[1:]) if args[0].dim() == 3 else None,
-                    prepend=True))
+            picked, kept = positions is not None and positions.dim() == 2, {}
+
+            def pick(module, args):  # the output layer sees the masked (row, position) pairs only: (N, D)
+                kept["hidden"] = args[0][positions]
+                return (args[0][:, :0] if hidden_only else kept["hidden"],) + tuple(args[1:])
+            if picked:
+                handles.append(model.get_output_embeddings().register_forward_pre_hook(pick, prepend=True))
             try:
                 extra = {} if position_ids is None else {"position_ids": position_ids.to(input_ids.device)}
                 keep = 1 if last_only else None if picked else positions
@@ -271,8 +278,10 @@ class ComposedLM(Inspection):
                     handle.remove()
         if last_only:
             return out.logits[:, -1:]
+        if picked and hidden_only:
+            return kept["hidden"]  # (N, D)
         if picked:
-            return out.logits if out.logits.dim() == 2 else out.logits[positions]  # (N, V)
+            return out.logits  # (N, V)
         if positions is not None and "logits_to_keep" not in extra:  # a model without logits_to_keep
             return out.logits[:, positions]
         return out.logits

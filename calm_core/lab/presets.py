@@ -12,8 +12,9 @@ row}}. A table.json beside preset.json (written by the demo's report) takes prec
 tables, their title and the protocol.
 
 A preset may also name its models instead of shipping them: "anchor_model" / "augment_model" as
-"real_pair:<key>" (the real pair prepared once by `python -m calm_core.real_pair`), with an optional
-"augment_adapter" (a peft LoRA folder inside the preset, merged into the augmenting model when it loads)."""
+"real_pair:<key>" (the real pair, prepared once per machine: at first use, see prepare_models, or by
+`python -m calm_core.models.real_pair`), with an optional "augment_adapter" (a peft LoRA folder inside the
+preset, merged into the augmenting model when it loads)."""
 from __future__ import annotations
 
 import json
@@ -22,7 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import CALMError
+from .resources import GB, LEDGER
 
+PREPARE_BYTES = 3 * GB  # converting Gemma 3 270M's GGUF file: its float32 weights about twice over, and the tokenizer
 PRESETS_DIR = Path(os.environ.get("CALM_PRESETS_DIR", Path(__file__).resolve().parents[2] / "presets"))
 
 
@@ -145,7 +148,8 @@ def _model_ref(folder: Path, meta: dict, key: str, shipped: Path) -> Path | None
 
 
 def _usable(folder: Path) -> bool:
-    """A preset the app can load here: its own models, or the real pair prepared on this machine."""
+    """A preset the app can load here: its own models, or the real pair, prepared on this machine or
+    preparable at first use (its packages installed, or pip there to fetch them)."""
     meta_path = folder / "preset.json"
     if not meta_path.is_file():
         return False
@@ -153,9 +157,38 @@ def _usable(folder: Path) -> bool:
         return True
     try:
         meta = json.loads(meta_path.read_text())
-        return bool(meta.get("anchor_model")) and _model_ref(folder, meta, "anchor_model", folder / "anchor") is not None
+        if not meta.get("anchor_model"):
+            return False
+        if _model_ref(folder, meta, "anchor_model", folder / "anchor") is not None:
+            return True
     except (ValueError, CALMError):
         return False
+    from ..models.real_pair import prepares_at_first_use
+
+    return prepares_at_first_use()
+
+
+def prepare_real_pair(progress=None) -> dict[str, Path]:
+    """The real pair's folders, prepared first where this machine has not yet (once, about 2 min on
+    2 cores; progress(fraction, message) hears each step), with its memory held in the ledger meanwhile."""
+    from ..models.real_pair import ensure_prepared, prepared_pair
+
+    folders = prepared_pair()
+    if folders is not None:
+        return folders
+    with LEDGER.reserve(PREPARE_BYTES, "Preparing the real pair (converting its GGUF files)",
+                        "Try again when other work on this server has finished."):
+        return ensure_prepared(progress=progress)
+
+
+def prepare_models(name: str, root: Path | None = None, progress=None) -> None:
+    """Prepare the real pair first where the preset names it and this machine has not prepared it yet."""
+    meta_path = Path(root or PRESETS_DIR) / name / "preset.json"
+    if not meta_path.is_file():
+        return  # load_preset says what is missing
+    meta = json.loads(meta_path.read_text())
+    if any(str(meta.get(key) or "").startswith(REAL_PAIR_PREFIX) for key in ("anchor_model", "augment_model")):
+        prepare_real_pair(progress)
 
 
 def list_presets(root: Path | None = None) -> list[str]:
@@ -185,7 +218,8 @@ def load_preset(name: str, root: Path | None = None) -> Preset:
     if anchor is None or None in augments:
         from ..models.real_pair import PREPARE_COMMAND
 
-        raise CALMError(f"Preset {name} uses the real pair, which is not prepared on this machine: {PREPARE_COMMAND}")
+        raise CALMError(f"Preset {name} uses the real pair, which is not prepared on this machine yet: the app (or "
+                        f"LabSession().use_preset) prepares it at first use, or prepare it now: {PREPARE_COMMAND}")
     data_dir = folder / "data"
     data_files = {p.name: p for p in sorted(data_dir.glob("*")) if p.suffix in (".jsonl", ".csv", ".json", ".parquet", ".txt")} if data_dir.is_dir() else {}
     eval_files = {label: folder / path for label, path in (meta.get("eval_files") or {}).items()}

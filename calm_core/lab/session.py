@@ -18,7 +18,7 @@ from ..training.data import DataConfig, DataSplits, load_examples, load_splits
 from . import bounds, bridge_files, comparison, priority, replies, run_settings
 from .model_cache import MODEL_CACHE, ModelCache, default_dtype
 from .model_table import layer_labels, model_rows, short_name
-from .presets import Preset, load_preset
+from .presets import Preset, load_preset, prepare_models
 from .resources import LEDGER, attention_map_bytes, data_bytes, device_of_calm, generation_bytes
 from .run_store import RunStore, data_fingerprint
 from .training_run import MAX_RUNS, RUNS, RunState, TrainingRuns  # noqa: F401  (the session's public names)
@@ -82,8 +82,10 @@ class LabSession(TrainingRuns):
         self.preset, self.preset_bridge = (preset if same else None), False
         return calm
 
-    def use_preset(self, name: str) -> Preset:
-        """The preset's models (float32 everywhere, so its tables hold), bridge and data."""
+    def use_preset(self, name: str, progress=None) -> Preset:
+        """The preset's models (float32 everywhere, so its tables hold), bridge and data. A preset on the
+        real pair prepares the pair first where this machine has not yet (progress(fraction, message))."""
+        prepare_models(name, progress=progress)
         preset = load_preset(name)
         self.build(str(preset.anchor), [str(p) for p in preset.augments], bridge=preset.bridge, dtype=None,
                    adapters=preset.augment_adapters)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .batches import collate, flat_predictions, token_losses
+from .fused_loss import linear_cross_entropy
 
 
 def anchor_kl_losses(logits: torch.Tensor, reference: torch.Tensor, labels: torch.Tensor,
@@ -31,11 +32,14 @@ def kl_to_reference(log_q: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
 
 
 def kept_row_losses(calm, rows, kept: list[int], logits, labels, positions, prefix=None, references=None,
-                    bf16: bool = False) -> torch.Tensor:
+                    bf16: bool = False, output=None) -> torch.Tensor:
     """KL losses (N,) of the rows `kept` (sorted indices into the batch), row by row.
-    references: their stored (targets, V) log-probabilities (FrozenStates.references); None: run the anchor."""
+    references: their stored (targets, V) log-probabilities (FrozenStates.references); None: run the anchor.
+    output: the anchor's output layer when `logits` are the final hidden states (N, D) (fused_loss.py)."""
     flat, _, row_of = flat_predictions(logits, labels, positions)
     mine = flat[torch.isin(row_of, torch.tensor(kept, device=row_of.device))]  # kept rows' tokens, row by row
+    if output is not None:
+        mine = output(mine)
     if references is not None:
         return kl_to_reference(torch.cat(references), mine)
     sub_batch, sub_labels = collate(calm, [rows[b] for b in kept])
@@ -55,13 +59,21 @@ def kept_row_losses(calm, rows, kept: list[int], logits, labels, positions, pref
     return kl_to_reference(torch.log_softmax(reference.float(), -1), mine)
 
 
-def row_losses(calm, rows, logits, labels, positions, prefix=None, references=None, bf16: bool = False) -> torch.Tensor:
+def row_losses(calm, rows, logits, labels, positions, prefix=None, references=None, bf16: bool = False,
+               output=None) -> torch.Tensor:
     """Per-token losses of a batch (N,): cross-entropy on text rows' targets, then KL to the anchor alone on
-    keep_anchor rows' targets (references: as kept_row_losses)."""
+    keep_anchor rows' targets (references: as kept_row_losses). output: the anchor's output layer when `logits`
+    are the final hidden states at a (B, T) mask of positions: the cross-entropy is taken chunked (fused_loss.py)."""
     kept = [b for b, row in enumerate(rows) if row.keep_anchor]
-    if not kept:
+    if not kept and output is None:
         return token_losses(logits, labels, positions)
     flat, targets, row_of = flat_predictions(logits, labels, positions)
     text = ~torch.isin(row_of, torch.tensor(kept, device=row_of.device))
-    return torch.cat([torch.nn.functional.cross_entropy(flat[text].float(), targets[text], reduction="none"),
-                      kept_row_losses(calm, rows, kept, logits, labels, positions, prefix, references, bf16)])
+    if output is not None:
+        text_losses = linear_cross_entropy(flat[text] if kept else flat, output, targets[text])
+    else:
+        text_losses = torch.nn.functional.cross_entropy(flat[text].float(), targets[text], reduction="none")
+    if not kept:
+        return text_losses
+    return torch.cat([text_losses, kept_row_losses(calm, rows, kept, logits, labels, positions, prefix, references,
+                                                   bf16, output)])

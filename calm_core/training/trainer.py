@@ -24,11 +24,12 @@ from ..errors import CALMError
 from . import checkpoints
 from .accuracy_probe import AccuracyProbe
 from .anchor_targets import row_losses
-from .batches import collate, length_groups, predicting_mask, token_losses
+from .batches import collate, length_groups, predicting_mask
 from .config import TrainConfig, TrainResult, lr_factor, parameter_role  # noqa: F401  (the public names)
 from .data import Example
 from .distributed import Distributed
 from .frozen_cache import FrozenStates, cache_bytes, free_memory_bytes
+from .fused_loss import cross_entropy_losses, plain_output_layer
 from .prepared_rows import PreparedRows
 
 log = logging.getLogger("calm_core.training")
@@ -66,6 +67,7 @@ class Trainer:
         self._val_states: FrozenStates | None = None  # the same for the validation rows
         self._use_cache = False
         self.before_step: Callable[[], object] | None = None  # called before every step (outside its timing)
+        self._output = plain_output_layer(calm._anchor_model())  # losses through it in chunks (fused_loss.py), or None
         probe = AccuracyProbe(calm, validation or [], self.config.accuracy_examples, self.config.accuracy_scoring,
                               self.config.accuracy_share) if self.config.accuracy_examples else None
         self.probe = probe if probe and self.dist.rank == 0 and self.dist.world == 1 else None
@@ -167,9 +169,10 @@ class Trainer:
                 references = self._states.references(micro)
             with torch.autocast(self._device_type(), dtype=torch.bfloat16, enabled=cfg.bf16), \
                     noisy_augment_states(calm.bridge.blocks(), cfg.augment_noise, generator):
-                positions = predicting_mask(labels)  # the output layer at target tokens only: logits (N, V)
-                logits = calm.forward(batch, augment_states=states, anchor_prefix=prefix, positions=positions)
-            losses = self._losses(rows, logits, labels, positions, prefix, references)
+                positions = predicting_mask(labels)  # the output layer at target tokens only
+                out = calm.forward(batch, augment_states=states, anchor_prefix=prefix, positions=positions,
+                                   hidden_only=self._output is not None)  # (N, D), or logits (N, V)
+                losses = self._losses(rows, out, labels, positions, prefix, references)
             (losses.sum() / total.clamp(min=1)).backward()
             loss_sum += losses.detach().sum().cpu()
         for p in calm.bridge.parameters():
@@ -187,7 +190,7 @@ class Trainer:
 
     def _losses(self, rows, logits, labels, positions, prefix=None, references=None) -> torch.Tensor:
         """Per-token losses: cross-entropy on the text, KL to the anchor alone on keep_anchor rows' targets."""
-        return row_losses(self.calm, rows, logits, labels, positions, prefix, references, self.config.bf16)
+        return row_losses(self.calm, rows, logits, labels, positions, prefix, references, self.config.bf16, self._output)
 
     def _device_type(self) -> str:
         return next(self.calm.anchor.model.parameters()).device.type
@@ -206,8 +209,9 @@ class Trainer:
                                                                     cfg.bf16)
                 states, prefix = self._val_states.batch(indices)
             with torch.autocast(self._device_type(), dtype=torch.bfloat16, enabled=cfg.bf16):
-                logits = self.calm.forward(batch, augment_states=states, anchor_prefix=prefix, positions=positions)
-            losses = token_losses(logits.float(), labels, positions)
+                out = self.calm.forward(batch, augment_states=states, anchor_prefix=prefix, positions=positions,
+                                        hidden_only=self._output is not None)
+                losses = cross_entropy_losses(out, labels, positions, self._output)  # keep_anchor rows on their text too
             total, count = total + float(losses.sum()), count + losses.numel()
         return total / max(1, count)
 

@@ -99,7 +99,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=120, help="A's training steps (long enough to outlast the chats)")
     parser.add_argument("--rounds", type=int, default=4, help="replies per chatting session, idle and under load")
     parser.add_argument("--smoke", action="store_true", help="the tiny preset everywhere (CALM_PRESETS_DIR)")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "class_load.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "speed" / "class_load.json")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="class-load-"))
     env = {"CALM_RUNS_DIR": str(work / "runs")}

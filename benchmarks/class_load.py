@@ -24,12 +24,12 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
-import psutil
 from gradio_client import Client
 from gradio_client.exceptions import AppError
+
+from .app_process import AppDidNotStart, PeakMemory, free_port, stop, text_of, wait_until_answering
 
 ROOT = Path(__file__).resolve().parents[1]
 # chat options after (message, h_calm, h_anchor, h_augment): max_new_tokens, do_sample, temperature, top_k, top_p,
@@ -39,34 +39,25 @@ TOYS = [("kv_arithmetic", "", 30, "completion"), ("translation", "", 48, "comple
 
 
 def start_app(env: dict, log: Path) -> tuple[subprocess.Popen, str]:
-    port = 7860 + os.getpid() % 1000
+    port = free_port()
     env = dict(os.environ, GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port),
                GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1", **env)
     env["CALM_MAX_RUNS"] = "1"  # one run at a time: the server's default on 2 processors, pinned here
     with open(log, "wb") as out:
         process = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url, deadline = f"http://127.0.0.1:{port}/", time.monotonic() + 180
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return process, url
-        except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"app.py did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.5)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        wait_until_answering(url, process, log, 180)
+    except AppDidNotStart as exc:
+        stop(process)
+        raise SystemExit(str(exc)) from None
+    return process, url
 
 
 def session(url: str, preset: str) -> Client:
     client = Client(url, verbose=False)
     client.predict(preset, api_name="/use_preset")
     return client
-
-
-def text_of(message: dict) -> str:
-    content = message["content"]
-    return content if isinstance(content, str) else "".join(p.get("text", "") for p in content if isinstance(p, dict))
 
 
 def reply(client: Client, prompt: str, tokens: int, mode: str) -> tuple[float, str]:
@@ -109,18 +100,8 @@ def main(argv=None) -> dict:
     else:
         real, *toys = [(name, _first_prompt(name), tokens, mode) for name, _, tokens, mode in [real] + toys]
     process, url = start_app(env, work / "app.log")
-    server, peak, done = psutil.Process(process.pid), [0], threading.Event()
-
-    def watch():
-        while not done.is_set():
-            try:
-                tree = [server] + server.children(recursive=True)
-                peak[0] = max(peak[0], sum(p.memory_info().rss for p in tree))
-            except psutil.Error:
-                pass
-            time.sleep(0.2)
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    memory = PeakMemory(process.pid, every_s=0.2)
+    memory.start()
     try:
         chatters = [(session(url, spec[0]), spec) for spec in [real] + toys]
         idle = chatting(chatters, args.rounds)
@@ -143,9 +124,9 @@ def main(argv=None) -> dict:
         status = job.result(timeout=3600)[0]
         listed = {"trainer": runs_listed(trainer), "chatters": [runs_listed(c) for c, _ in chatters]}
     finally:
-        done.set()
-        process.terminate()
-        process.wait(30)
+        memory.stopped.set()
+        stop(process, timeout_s=30)
+    peak = memory.peak
     sessions = []
     for before, during in zip(idle, loaded):
         idle_s, load_s = statistics.median(before["seconds"]), statistics.median(during["seconds"])
@@ -154,10 +135,10 @@ def main(argv=None) -> dict:
                          "idle_all_s": before["seconds"], "while_training_all_s": during["seconds"]})
     result = {"sessions": sessions, "worst_ratio": max(s["ratio"] for s in sessions),
               "chats_overlapped_training": still_training, "training_status": " ".join(status.split())[:600],
-              "peak_server_mib": round(peak[0] / 2**20), "runs_listed": listed,
+              "peak_server_mib": round(peak / 2**20), "runs_listed": listed,
               "fifth_training_request": refusal, "fifth_answered_in_s": round(refusal_s, 2),
               "goals": {"reply_ratio_at_most_2": max(s["ratio"] for s in sessions) <= 2,
-                        "peak_at_most_8_gib": peak[0] <= 8 * 2**30,
+                        "peak_at_most_8_gib": peak <= 8 * 2**30,
                         "isolated": all(s["same_answers"] for s in sessions) and listed["chatters"] == [0] * 3
                         and listed["trainer"] == 1,
                         "fifth_told_when": "can start" in refusal or "try again" in refusal},

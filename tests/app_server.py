@@ -4,45 +4,19 @@ Import the fixture into a test module with `from .app_server import app_url  # n
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from benchmarks.app_process import AppDidNotStart, free_port, stop, wait_until_answering
 
 from .app_fixtures import write_tiny_preset
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 90
 SERVER: dict = {}  # "log": the server's log file, "pid": its process id (for tests that read them)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
 
 
 @pytest.fixture(scope="session")
@@ -65,13 +39,10 @@ def serve(tmp_path_factory, real_pair_dir):
     url = f"http://127.0.0.1:{port}/"
     SERVER.update(log=log_path, pid=process.pid)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not _answers(url):
-            if process.poll() is not None:
-                pytest.fail(f"app.py exited with code {process.returncode}:\n{log_path.read_text()[-4000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"app.py did not answer at {url} within {START_TIMEOUT_S} s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(0.5)
+        try:
+            wait_until_answering(url, process, log_path, START_TIMEOUT_S)
+        except AppDidNotStart as exc:
+            pytest.fail(str(exc))
         yield url
     finally:
-        _stop(process)
+        stop(process)

@@ -15,6 +15,8 @@ import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
+from benchmarks.app_process import text_of  # noqa: F401  (re-exported to the other app tests)
+
 from .app_server import app_url  # noqa: F401
 
 PRESET = "tiny"
@@ -38,13 +40,6 @@ def client(app_url):  # noqa: F811
 def chat(client: Client, message: str, histories=([], [], []), *options):
     """The three histories (the fourth output is the note under the chats)."""
     return client.predict(message, *histories, *(options or GREEDY), api_name="/chat")[:3]
-
-
-def text_of(message: dict) -> str:
-    content = message["content"]
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
 def train(client: Client, steps: int, lr: float = 1e-2, batch_size: int = 4, gate_lr_scale: float | None = None,

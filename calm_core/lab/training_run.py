@@ -63,7 +63,7 @@ class RunState:
             parts.append(f"{sum(recent) / len(recent):.0f} tokens/s")
             left = self.eta_s()
             if left is not None:
-                parts.append(f"about {left / 60:.0f} min left" if left >= 90 else f"about {left:.0f} s left")
+                parts.append(f"{about(left)} left")
         elif self.running and self.prepared[1]:
             parts.append(f"preparing examples {self.prepared[0]:,}/{self.prepared[1]:,}")
         parts += [self.run_id] if self.run_id else []  # the name the Runs tab lists it under
@@ -76,9 +76,12 @@ def when_a_run_ends() -> str:
     known = [s for s in left if s is not None]
     if not known:
         return "the running ones have only just started (their pace is not known yet): try again in a minute"
-    soonest = min(known)
-    when = f"about {soonest / 60:.0f} min" if soonest >= 90 else f"about {max(soonest, 1):.0f} s"
-    return f"the first to end finishes in {when} (at its pace so far): you can start then"
+    return f"the first to end finishes in {about(min(known))} (at its pace so far): you can start then"
+
+
+def about(seconds: float) -> str:
+    """"about 3 min" / "about 40 s": a time left, as the status line and a refusal say it."""
+    return f"about {seconds / 60:.0f} min" if seconds >= 90 else f"about {max(seconds, 1):.0f} s"
 
 
 class TrainingRuns:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .batches import collate, flat_predictions, token_losses
-from .fused_loss import linear_cross_entropy
+from .batches import collate, flat_predictions
+from .fused_loss import cross_entropy_losses, linear_cross_entropy
 
 
 def anchor_kl_losses(logits: torch.Tensor, reference: torch.Tensor, labels: torch.Tensor,
@@ -65,15 +65,13 @@ def row_losses(calm, rows, logits, labels, positions, prefix=None, references=No
     keep_anchor rows' targets (references: as kept_row_losses). output: the anchor's output layer when `logits`
     are the final hidden states at a (B, T) mask of positions: the cross-entropy is taken chunked (fused_loss.py)."""
     kept = [b for b, row in enumerate(rows) if row.keep_anchor]
-    if not kept and output is None:
-        return token_losses(logits, labels, positions)
+    if not kept:
+        return cross_entropy_losses(logits, labels, positions, output)
     flat, targets, row_of = flat_predictions(logits, labels, positions)
     text = ~torch.isin(row_of, torch.tensor(kept, device=row_of.device))
     if output is not None:
-        text_losses = linear_cross_entropy(flat[text] if kept else flat, output, targets[text])
+        text_losses = linear_cross_entropy(flat[text], output, targets[text])
     else:
         text_losses = torch.nn.functional.cross_entropy(flat[text].float(), targets[text], reduction="none")
-    if not kept:
-        return text_losses
     return torch.cat([text_losses, kept_row_losses(calm, rows, kept, logits, labels, positions, prefix, references,
                                                    bf16, output)])

@@ -79,7 +79,11 @@ def start_recency_at_the_fact(calm, questions, value: float) -> dict:
     ages: dict[int, int] = {}
     for r in questions:
         enc = tok(r["prompt"], return_offsets_mapping=True)
-        age = len(enc["input_ids"]) - 1 - fact_position(r["prompt"], [tuple(o) for o in enc["offset_mapping"]])
+        try:
+            fact = fact_position(r["prompt"], [tuple(o) for o in enc["offset_mapping"]])
+        except ValueError:  # a drawn question without an eliciting phrase (phrasings.py): no distance to start at
+            continue
+        age = len(enc["input_ids"]) - 1 - fact
         ages[age] = ages.get(age, 0) + 1
     for block in calm.bridge.augments[0].blocks:
         if block.recency is not None:

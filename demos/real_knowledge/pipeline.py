@@ -32,6 +32,7 @@ from calm_core.training.evaluation import as_composed, predictions
 
 from . import augment as A
 from . import general as G
+from . import phrasings as PH
 from . import world as W
 from .augment import log
 from .bridge_training import finetune_anchor, load_augment, train_bridge
@@ -51,6 +52,7 @@ from .scoring import (  # noqa: F401 (COLUMNS)
     starts_with_answer,
     trained_answer,
 )
+from .probe_forms import chat_prompt as chat_turns
 from .settings import Settings
 
 # ---- 1. the world and the data --------------------------------------------------------------
@@ -82,9 +84,14 @@ def make_data(s: Settings, world: W.World, anchor_tok) -> dict:
                                     "form": k, "entity": p.name, "attribute": a})
         return out
 
+    questions = ask(parts["compose"], True)
+    if s.questions_per_person > 3:  # the trained forms plus forms drawn from the grammar (town only)
+        questions = [{"prompt": chat_turns(anchor_tok, turns, p.name), "completion": p.town,
+                      "question": turns[-1].format(x=p.name), "form": -1, "entity": p.name, "attribute": "town"}
+                     for p, turns in PH.questions(parts["compose"], s.questions_per_person, s.seed)]
     return {
         "world": world, "parts": parts, "facts": world.fact_phrasings(s.attributes),
-        "questions": ask(parts["compose"], True),
+        "questions": questions,
         "dev": ask(parts["dev"], False, s.eval_dev),
         "test": ask(parts["test"], False, s.eval_test),
         "seen": ask(parts["compose"], False, s.eval_seen),
@@ -100,9 +107,22 @@ def rehearsal_rows(s: Settings, anchor) -> list[dict]:
     ended within rehearsal_new_tokens ends with the end-of-turn token, one cut there does not (training adds
     no end-of-turn of its own: see compose_rows). With s.rehearsal_kl the answer is trained toward the anchor's
     own next-token distributions (Example.keep_anchor), not toward its greedy tokens."""
-    tok = anchor[1]
     questions = G.rehearsal(s.rehearsal, s.seed)
-    rows = [{"prompt": chat(tok, q), "completion": "", "question": q} for q in questions]
+    return anchor_answers(s, anchor, [{"prompt": chat(anchor[1], q), "completion": "", "question": q} for q in questions])
+
+
+def unknown_rows(s: Settings, anchor, world: W.World) -> list[dict]:
+    """Questions about invented names outside the world with the anchor's own answers as targets (keep_anchor):
+    where m_A knows nobody, the composition should answer as the anchor alone does."""
+    tok = anchor[1]
+    rows = [{"prompt": chat_turns(tok, turns, name), "completion": "", "question": turns[-1].format(x=name)}
+            for name, turns in PH.unknown_questions(world, s.unknown_rows, s.seed)]
+    return anchor_answers(s, anchor, rows)
+
+
+def anchor_answers(s: Settings, anchor, rows: list[dict]) -> list[dict]:
+    """rows with the anchor's own greedy answers as completions, trained toward its distributions (keep_anchor)."""
+    tok = anchor[1]
     answers = predictions(as_composed(*anchor), examples(rows), max_new_tokens=s.rehearsal_new_tokens)
     for r, a in zip(rows, answers):
         ended = len(tok(a, add_special_tokens=False)["input_ids"]) < s.rehearsal_new_tokens
@@ -194,7 +214,7 @@ def run(s: Settings, out: Path, augment_only: bool = False) -> dict:
         (out / "augment.json").write_text(json.dumps({"settings": asdict(s), "augment": info}, indent=1))
         return info
     t = time.perf_counter()
-    data["rehearsal"] = rehearsal_rows(s, anchor)
+    data["rehearsal"] = rehearsal_rows(s, anchor) + (unknown_rows(s, anchor, world) if s.unknown_rows else [])
     data["compose"] = compose_rows(data, anchor[1].eos_token)
     times["rehearsal_answers_s"] = time.perf_counter() - t
     preset_files.write_data(out, s, data)

@@ -43,6 +43,12 @@ class Settings:
     # value-token loss sat at 0.07-0.08 on every world but seed 0; annealed, world 4's fell to 0.005 (README)
     augment_anneal_at: float = 95.0
     augment_anneal_epochs: int = 4
+    # questions per composition person: the three trained forms, and past 3 forms drawn from phrasings.py's grammar
+    # (openers, cores, closers, lower case, typos, second turns; never one of probe_forms.NEVER_TRAINED)
+    questions_per_person: int = 3
+    # invented names outside the world asked the same way, trained toward the anchor's own answers (keep_anchor):
+    # the bridge learns to stay closed where m_A knows nobody (phrasings.unknown_questions)
+    unknown_rows: int = 0
     # rehearsal: general prompts with the anchor's own answers, trained on beside the questions
     rehearsal: int = 100
     rehearsal_new_tokens: int = 40

@@ -34,7 +34,9 @@ def train_bridge(s, anchor, augment, data) -> tuple[ComposedLM, dict]:
     if s.value_init:  # the value path starts as m_A's vocabulary -> the anchor's, weighted to the answers' tokens
         log("value init", init_value_path(calm, answers=[trained_answer(r["completion"]) for r in data["questions"]],
                                            answer_share=s.value_answer_share))
-    if s.recency_init:
+    if s.recency_init and s.answer_style == "sentence":  # the fact is the answer's own "was born in": age 0
+        log("recency init", start_recency_at(calm, {0: len(data["questions"])}, s.recency_init))
+    elif s.recency_init:
         log("recency init", start_recency_at_the_fact(calm, data["questions"], s.recency_init))
     config = TrainConfig(steps=s.compose_steps, lr=s.compose_lr, batch_size=s.compose_batch,
                          warmup_steps=min(20, max(1, s.compose_steps // 10)), gate_lr_scale=s.gate_lr_scale,
@@ -62,7 +64,7 @@ def train_bridge(s, anchor, augment, data) -> tuple[ComposedLM, dict]:
             trainer.request_stop()
 
     start = time.perf_counter()
-    val = examples([dict(r, completion=trained_answer(r["completion"])) for r in dev_rows])
+    val = examples([dict(r, completion=trained_answer(r["completion"], r["entity"], s.answer_style)) for r in dev_rows])
     trainer = Trainer(calm, examples(data["compose"]), val, config, callback=on_record)
     result = trainer.train()
     calm.bridge.load_state_dict(best["state"])
@@ -85,6 +87,12 @@ def start_recency_at_the_fact(calm, questions, value: float) -> dict:
             continue
         age = len(enc["input_ids"]) - 1 - fact
         ages[age] = ages.get(age, 0) + 1
+    return start_recency_at(calm, ages, value)
+
+
+@torch.no_grad()
+def start_recency_at(calm, ages: dict[int, int], value: float) -> dict:
+    """Every block's recency bias set to `value` at the given ages (m_A tokens before the newest)."""
     for block in calm.bridge.augments[0].blocks:
         if block.recency is not None:
             for age in ages:

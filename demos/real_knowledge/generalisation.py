@@ -136,6 +136,57 @@ def general(calm, new_tokens: int) -> dict:
             "prompts": len(rows)}
 
 
+@torch.no_grad()
+def contribution(calm, prompt: str) -> list[float]:
+    """Per composition layer: how much the bridge changes the anchor's state at the answer's first token,
+    |bridge update| / |anchor state| (0: the layer writes nothing there). Forward hooks, removed in finally."""
+    blocks, seen = calm.bridge.blocks(), {}
+
+    def hook(index):
+        def record(module, inputs, output):
+            if index not in seen:  # the prompt's pass; generation's later steps are ignored
+                seen[index] = (output[0, -1].float().norm() / inputs[0][0, -1].float().norm()).item()
+        return record
+
+    handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(blocks)]
+    try:
+        calm.generate([prompt], max_new_tokens=1)
+    finally:
+        for h in handles:
+            h.remove()
+    return [seen.get(i, 0.0) for i in range(len(blocks))]
+
+
+def openings(calm, world: dict, people: int = 20) -> dict:
+    """Mean per-layer contribution for held-out known people and invented unknown ones, each asked in the first
+    trained form (the picture a student compares)."""
+    from . import world as W
+
+    tok = calm.anchor.tokenizer
+    form = [world["question_forms"]["town"][1]]
+    known = [p["name"] for p in world["people"] if p["split"] == "test"][:people]
+    w = W.World(world["seed"], world["towns"], world["trades"], [W.Person(p["name"], p["town"], p["trade"])
+                                                                 for p in world["people"]])
+    out = {"layers": [f"anchor layer {b}" for _, b, _ in calm.layer_pairs()], "question": form[0]}
+    for kind, names in (("known", known), ("unknown", P.unknown_names(w, people))):
+        rows = [contribution(calm, P.chat_prompt(tok, form, n)) for n in names]
+        out[kind] = [sum(col) / len(col) for col in zip(*rows)]
+    return out
+
+
+def openings_figure(op: dict):
+    """Grouped bars: per composition layer, the bridge's share of the anchor state, known vs unknown people."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure([go.Bar(name="a held-out person m_A read about", x=op["layers"], y=op["known"]),
+                     go.Bar(name="an invented name m_A never read about", x=op["layers"], y=op["unknown"])])
+    fig.update_layout(barmode="group", template="plotly_white", width=820, height=420,
+                      title=f"How much each composition layer changes the anchor at the answer's first token<br>"
+                            f"<sub>|bridge update| / |anchor state|, mean over 20 people, asked '{op['question']}'</sub>",
+                      yaxis_title="bridge update / anchor state", legend=dict(orientation="h", y=-0.15))
+    return fig
+
+
 def markdown(result: dict) -> str:
     lines = ["| question form | people | named, bridge on | exact, bridge on | named, bridge off |", "|---|---|---|---|---|"]
     for name, r in result["held_out"].items():
@@ -150,6 +201,12 @@ def markdown(result: dict) -> str:
               "|---|---|---|---|---|"]
     for kind, r in u.items():
         lines.append(f"| {kind} | {r['asked']} | {r['invented_on']:.1f}% | {r['invented_off']:.1f}% | {r['same_as_anchor']} |")
+    op = result.get("openings")
+    if op:
+        lines += ["", "| bridge update / anchor state at the answer | " + " | ".join(op["layers"]) + " |",
+                  "|---|" + "---|" * len(op["layers"])]
+        for kind in ("known", "unknown"):
+            lines.append(f"| {kind} people | " + " | ".join(f"{v:.3f}" for v in op[kind]) + " |")
     f = u["famous"]
     lines += ["", f"Famous people, answers holding the expected town or country: {f['expected_on']}/{f['asked']} with "
               f"the bridge, {f['expected_off']}/{f['asked']} without. General prompts: perplexity ratio "
@@ -176,12 +233,14 @@ def main(argv=None) -> None:
     result = {"folder": str(folder), "split": args.split,
               "held_out": held_out(calm, world, args.people, args.new_tokens, args.split),
               "unknown": unknown(calm, world, args.unknown, args.new_tokens, args.split), "general": general(calm, 24)}
+    result["openings"] = openings(calm, world)
     result["seconds"] = time.perf_counter() - t
     out = Path(args.out or folder)
     out.mkdir(parents=True, exist_ok=True)
     name = "generalisation" if args.split == "test" else "generalisation_dev"
     (out / f"{name}.json").write_text(json.dumps(result, indent=1))
     (out / f"{name}.md").write_text(markdown(result))
+    openings_figure(result["openings"]).write_html(out / f"{name}_openings.html", include_plotlyjs="cdn")
     print(markdown(result))
     print(f"{result['seconds']:.0f} s")
 

@@ -36,6 +36,7 @@ from . import phrasings as PH
 from . import world as W
 from .augment import log
 from .bridge_training import finetune_anchor, load_augment, train_bridge
+from .probe_forms import chat_prompt as chat_turns
 from .reuse import reused_finetune
 from .scoring import (  # noqa: F401 (COLUMNS)
     COLUMNS,
@@ -52,7 +53,6 @@ from .scoring import (  # noqa: F401 (COLUMNS)
     starts_with_answer,
     trained_answer,
 )
-from .probe_forms import chat_prompt as chat_turns
 from .settings import Settings
 
 # ---- 1. the world and the data --------------------------------------------------------------
@@ -131,10 +131,11 @@ def anchor_answers(s: Settings, anchor, rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["completion"].strip()]
 
 
-def compose_rows(data: dict, eos: str) -> list[dict]:
-    """The composition data: every question about the composition people (space + answer + end of turn) and the
-    rehearsal rows (end of turn only where the anchor ended)."""
-    return [dict(r, completion=trained_answer(r["completion"]) + eos) for r in data["questions"]] + data["rehearsal"]
+def compose_rows(data: dict, eos: str, style: str = "town") -> list[dict]:
+    """The composition data: every question about the composition people (the answer in `style` + end of turn)
+    and the rehearsal rows (end of turn only where the anchor ended)."""
+    return [dict(r, completion=trained_answer(r["completion"], r["entity"], style) + eos)
+            for r in data["questions"]] + data["rehearsal"]
 
 
 # ---- 2. the whole run -----------------------------------------------------------------------
@@ -215,7 +216,7 @@ def run(s: Settings, out: Path, augment_only: bool = False) -> dict:
         return info
     t = time.perf_counter()
     data["rehearsal"] = rehearsal_rows(s, anchor) + (unknown_rows(s, anchor, world) if s.unknown_rows else [])
-    data["compose"] = compose_rows(data, anchor[1].eos_token)
+    data["compose"] = compose_rows(data, anchor[1].eos_token, s.answer_style)
     times["rehearsal_answers_s"] = time.perf_counter() - t
     preset_files.write_data(out, s, data)
     log("data", {k: len(data[k]) for k in ("facts", "questions", "rehearsal", "dev", "test")})

@@ -3,6 +3,7 @@ the bridge on and off."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from calm_core.training.data import Example
@@ -27,9 +28,19 @@ ROW_PERPLEXITY, ROW_EXPECTED = ("general prompts: perplexity of written answers"
 ANSWER_LEAD = " "
 
 
-def trained_answer(value: str) -> str:
-    """The completion the bridge is trained on for an attribute value."""
+def trained_answer(value: str, entity: str | None = None, style: str = "town") -> str:
+    """The completion the bridge is trained on for an attribute value (style "sentence": m_A's own phrasing)."""
+    if style == "sentence":
+        return f"{entity} was born in {value}."
+    if style != "town":
+        raise ValueError(f"answer_style is 'town' or 'sentence', not {style!r}")
     return ANSWER_LEAD + value
+
+
+def names(text: str, value: str) -> bool:
+    """The answer's first line names `value` as a whole word (how sentence answers are scored)."""
+    first = text.strip().split("\n")[0]
+    return re.search(rf"\b{re.escape(value)}\b", first) is not None
 
 
 def answer(text: str) -> str:
@@ -63,7 +74,10 @@ def write_jsonl(path: Path, rows, keys=None) -> None:
 def exact(calm, rows, s, extract=answer) -> tuple[float, list[str]]:
     """(% exact match, the raw outputs) of greedy answers to rows' prompts."""
     preds = predictions(calm, examples(rows), max_new_tokens=s.max_new_tokens)
-    right = [extract(p) == r["completion"] for p, r in zip(preds, rows)]
+    if getattr(s, "answer_style", "town") == "sentence":
+        right = [names(p, r["completion"]) for p, r in zip(preds, rows)]
+    else:
+        right = [extract(p) == r["completion"] for p, r in zip(preds, rows)]
     return 100.0 * sum(right) / max(1, len(rows)), preds
 
 

@@ -46,6 +46,10 @@ class Settings:
     # questions per composition person: the three trained forms, and past 3 forms drawn from phrasings.py's grammar
     # (openers, cores, closers, lower case, typos, second turns; never one of probe_forms.NEVER_TRAINED)
     questions_per_person: int = 3
+    # "town": the answer is " TOWN"; "sentence": m_A's own encyclopedia phrasing "NAME was born in TOWN." Whatever
+    # the question's words, the answer itself then holds the phrase after which m_A names the town, and the bridge
+    # reads m_A there (age 0) instead of searching the question for it; scored by naming the town (scoring.py)
+    answer_style: str = "town"
     # invented names outside the world asked the same way, trained toward the anchor's own answers (keep_anchor):
     # the bridge learns to stay closed where m_A knows nobody (phrasings.unknown_questions)
     unknown_rows: int = 0

@@ -1,0 +1,113 @@
+"""What the real-knowledge bridge is asked but never trained on (probe_forms.py), the training grammar that must
+stay apart from it (phrasings.py), and how answers are scored and the bridge's openings measured
+(generalisation.py)."""
+import random
+
+import pytest
+import torch
+
+from demos.real_knowledge import phrasings as PH
+from demos.real_knowledge import probe_forms as P
+from demos.real_knowledge import world as W
+
+
+def _world():
+    return W.make_world(5, entities=300, towns=12)
+
+
+def test_the_training_grammar_never_draws_a_probe_form():
+    forbidden = PH._test_forms()
+    assert len(forbidden) >= len(P.NEVER_TRAINED) + len(P.DEV_FORMS) - 2  # one greeting turn per chat form
+    assert len(P.NEVER_TRAINED) >= 10
+    rng = random.Random(0)
+    for _ in range(3000):
+        turns = PH.draw(rng)
+        assert len(turns) in (1, 3) and turns[-1].count("{x}") == 1 and all("{x}" not in t for t in turns[:-1])
+        assert PH._normal(turns[-1]) not in forbidden
+    for form in list(P.NEVER_TRAINED.values()) + list(P.DEV_FORMS.values()):
+        assert PH._normal(form[-1]) not in {PH._normal(c) for c in PH.CORES}
+
+
+def test_each_composition_person_is_asked_the_trained_forms_then_drawn_ones():
+    people = _world().people[:5]
+    asked = PH.questions(people, 6, seed=0)
+    assert len(asked) == 30
+    for p in people:
+        forms = [t for q, t in asked if q is p]
+        assert [f[0] for f in forms[:3]] == W.QUESTIONS["town"] and len(forms) == 6
+    assert PH.questions(people, 6, seed=0) == asked  # seeded
+    assert len(PH.questions(people, 3, seed=0)) == 15  # 3: the trained forms only, as before
+
+
+def test_unknown_names_are_nobody_in_the_world_and_training_never_sees_the_evaluated_ones():
+    world = _world()
+    evaluated = P.unknown_names(world, 200)
+    trained = [n for n, _ in PH.unknown_questions(world, 100, seed=5)]
+    known_words = {w for p in world.people for w in p.name.split()} | set(world.towns)
+    assert len(set(evaluated)) == 200 and len(set(trained)) == 100
+    assert not set(evaluated) & set(trained)
+    assert not {w for n in evaluated + trained for w in n.split()} & known_words
+    assert P.unknown_names(world, 200) == evaluated
+
+
+@pytest.mark.parametrize("text, town, named", [
+    (" Daikroze", "Daikroze", True),
+    ("Numurk Veibol was born in Daikroze.", "Daikroze", True),
+    ("Numurk Veibol was born in Daikrozel.", "Daikroze", False),  # a whole word
+    ("I don't know.\nDaikroze", "Daikroze", False),  # the first line only
+    ("born in daikroze", "Daikroze", False),  # the town's own spelling
+])
+def test_a_sentence_answer_is_right_when_its_first_line_names_the_town(text, town, named):
+    from demos.real_knowledge.scoring import names
+
+    assert names(text, town) is named
+
+
+def test_trained_answers_in_each_style():
+    from demos.real_knowledge.scoring import trained_answer
+
+    assert trained_answer("Daikroze") == " Daikroze"
+    assert trained_answer("Daikroze", "Numurk Veibol", "sentence") == "Numurk Veibol was born in Daikroze."
+    with pytest.raises(ValueError, match="answer_style"):
+        trained_answer("Daikroze", "Numurk Veibol", "poem")
+
+
+def test_the_first_town_named_decides_a_free_answer():
+    from demos.real_knowledge.generalisation import first_town
+
+    towns = ["Daikroze", "Stokairun", "Grou"]
+    assert first_town("He was born in Stokairun, not Daikroze.", towns) == "Stokairun"
+    assert first_town("Groumur is far from here", towns) is None
+    assert first_town("I am not sure.", towns) is None
+
+
+def test_recency_start_skips_questions_without_an_eliciting_phrase():
+    from calm_core import CALMConfig, ComposedLM
+    from calm_core.models.tiny import char_tokenizer, tiny_model
+    from demos.real_knowledge.bridge_training import start_recency_at, start_recency_at_the_fact
+
+    tok = char_tokenizer()
+    pair = lambda seed: (tiny_model("llama", len(tok), seed=seed), tok)  # noqa: E731
+    calm = ComposedLM(pair(1), [pair(2)], CALMConfig(every=1, recency=32))
+    ages = start_recency_at_the_fact(calm, [{"prompt": "Where does Ab come from?"},
+                                            {"prompt": "Which town was Ab born in?"}], 4.0)
+    assert ages == {1: 1}
+    assert start_recency_at(calm, {0: 5, 99: 1}, 3.0) == {0: 5, 99: 1}  # 99: past the bias table, ignored
+    assert torch.all(calm.bridge.augments[0].blocks[0].recency[:, 0] == 3.0)
+
+
+def test_the_bridge_contribution_is_zero_while_closed_and_the_hooks_are_removed():
+    from calm_core import CALMConfig, ComposedLM
+    from calm_core.models.tiny import char_tokenizer, tiny_model
+    from demos.real_knowledge.generalisation import contribution
+
+    tok = char_tokenizer()
+    pair = lambda seed: (tiny_model("llama", len(tok), seed=seed), tok)  # noqa: E731
+    calm = ComposedLM(pair(1), [pair(2)], CALMConfig(every=1))
+    assert contribution(calm, "Ab was born in") == [0.0] * len(calm.bridge.blocks())  # gates start at zero
+    with torch.no_grad():
+        for block in calm.bridge.blocks():
+            block.gate.fill_(0.5)
+    opened = contribution(calm, "Ab was born in")
+    assert all(v > 0 for v in opened)
+    assert all(not b._forward_hooks for b in calm.bridge.blocks())

@@ -177,19 +177,20 @@ def test_the_shipped_preset_answers_held_out_people_the_anchor_cannot():
     (gates scaled to 0) knows none of them."""
     from calm_core.lab.presets import PRESETS_DIR, list_presets
     from calm_core.lab.session import LabSession, ModelCache
-    from demos.real_knowledge.pipeline import Settings
+    from demos.real_knowledge.preset_files import scoring_settings
     from demos.real_knowledge.scoring import exact
 
     if "real_knowledge" not in list_presets():
         pytest.skip("the real_knowledge preset needs the real pair: python -m calm_core.models.real_pair")
     folder = PRESETS_DIR / "real_knowledge"
-    recorded = json.loads((folder / "preset.json").read_text())["shipped_check"]["exact_match"]
+    meta = json.loads((folder / "preset.json").read_text())
+    recorded, settings = meta["shipped_check"]["exact_match"], scoring_settings(meta)
     rows = [json.loads(x) for x in (folder / "data" / "eval_heldout.jsonl").read_text().splitlines()][:30]
     session = LabSession(ModelCache())
     session.use_preset("real_knowledge")
-    score, _ = exact(session.calm, rows, Settings())
+    score, _ = exact(session.calm, rows, settings)
     with session.calm.gate_scale(0.0):
-        alone, _ = exact(session.calm, rows, Settings())
+        alone, _ = exact(session.calm, rows, settings)
     assert score >= min(30.0, recorded - 20) and alone <= 5.0, (score, alone, recorded)
 
 

@@ -111,3 +111,30 @@ def test_the_bridge_contribution_is_zero_while_closed_and_the_hooks_are_removed(
     opened = contribution(calm, "Ab was born in")
     assert all(v > 0 for v in opened)
     assert all(not b._forward_hooks for b in calm.bridge.blocks())
+
+
+@pytest.mark.parametrize("style, completion, value", [
+    ("town", "Daikroze", None),  # the file holds the town; exact match on it
+    ("sentence", "Numurk Veibol was born in Daikroze.", "Daikroze"),  # the whole sentence, the town kept to score
+])
+def test_written_question_rows_hold_the_answer_the_bridge_was_trained_to_write(style, completion, value):
+    from types import SimpleNamespace
+
+    from demos.real_knowledge.preset_files import as_written
+
+    row = {"prompt": "q", "completion": "Daikroze", "entity": "Numurk Veibol"}
+    written = as_written([row], SimpleNamespace(answer_style=style))[0]
+    assert written["completion"] == completion and written.get("value") == value
+    assert row["completion"] == "Daikroze"  # the run's own rows are left as they were
+
+
+def test_the_preset_description_tells_what_to_try_with_the_measured_numbers():
+    from demos.real_knowledge.preset_files import what_to_try
+
+    g = {"held_out": {"trained forms": {"named_on": 95.0}, "where": {"named_on": 80.0}, "typo": {"named_on": 40.0}},
+         "unknown": {"invented": {"invented_on": 43.3, "invented_off": 0.0},
+                     "famous": {"expected_on": 4, "expected_off": 6, "asked": 20}},
+         "general": {"ratio": 0.981, "expected_on": 9, "expected_off": 10, "prompts": 16}}
+    text = what_to_try(g)
+    assert "in 2 question forms it never trained on" in text and "60% of answers" in text  # trained forms left out
+    assert "weakest: typo, 40%" in text and "43% of such answers" in text and "4/20" in text and "0.98x" in text and "stay out of the way" in text

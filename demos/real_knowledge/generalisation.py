@@ -182,7 +182,7 @@ def openings_figure(op: dict):
                      go.Bar(name="an invented name m_A never read about", x=op["layers"], y=op["unknown"])])
     fig.update_layout(barmode="group", template="plotly_white", width=820, height=420,
                       title=f"How much each composition layer changes the anchor at the answer's first token<br>"
-                            f"<sub>|bridge update| / |anchor state|, mean over 20 people, asked '{op['question']}'</sub>",
+                            f"<sub>|bridge update| / |anchor state|, mean over 20 people, asked '{op['question'].replace('{x}', 'NAME')}'</sub>",
                       yaxis_title="bridge update / anchor state", legend=dict(orientation="h", y=-0.15))
     return fig
 

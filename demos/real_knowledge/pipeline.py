@@ -50,6 +50,7 @@ from .scoring import (  # noqa: F401 (COLUMNS)
     examples,
     general_check,
     general_rows,
+    names,
     starts_with_answer,
     trained_answer,
 )
@@ -164,11 +165,13 @@ def train_augment(s: Settings, pair, data, adapter: Path) -> dict:
     return {"history": hist}
 
 
-def by_form(rows, preds, extract) -> dict[str, float]:
-    """Exact match % per question form (the questions' templates, in world.QUESTIONS order)."""
+def by_form(rows, preds, extract, style: str = "town") -> dict[str, float]:
+    """% right per question form (the questions' templates, in world.QUESTIONS order): exact match on the value,
+    or for sentence answers the value named (scoring.exact's rule)."""
     out = {}
     for form in sorted({r["form"] for r in rows}):
-        pairs = [(extract(p) == r["completion"]) for r, p in zip(rows, preds) if r["form"] == form]
+        pairs = [names(p, r["completion"]) if style == "sentence" else extract(p) == r["completion"]
+                 for r, p in zip(rows, preds) if r["form"] == form]
         out[W.QUESTIONS[rows[0]["attribute"]][form]] = 100.0 * sum(pairs) / len(pairs)
     return out
 
@@ -185,7 +188,7 @@ def evaluate_composition(s: Settings, calm, m_a, data) -> tuple[dict, dict, dict
     table[ROW_TEST]["m_A alone (chat question)"], preds["m_A/test"] = exact(m_a_alone, data["test"], s)
     table[ROW_TEST]["m_A alone (best prompt)"], preds["m_A best/completion_test"] = starts_with_answer(
         m_a_alone, data["completion_test"], s)
-    forms = {"CALM": by_form(data["test"], preds["CALM/test"], answer)}
+    forms = {"CALM": by_form(data["test"], preds["CALM/test"], answer, s.answer_style)}
     return table, preds, forms, general_check(calm, data["general"], s)
 
 

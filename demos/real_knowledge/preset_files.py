@@ -7,9 +7,10 @@ from pathlib import Path
 
 from . import report
 from . import world as W
-from .scoring import with_expected, write_jsonl
+from .scoring import trained_answer, with_expected, write_jsonl
 
 PAIR_ROWS = ("prompt", "completion")
+SENTENCE_TOKENS = 24  # 'NAME was born in TOWN.' + end of turn: up to 19 SmolLM2 tokens in world 5
 
 
 def write_data(out: Path, s, data: dict) -> None:
@@ -29,10 +30,24 @@ def write_data(out: Path, s, data: dict) -> None:
     # keep_anchor: the rehearsal rows, trained toward the anchor alone (calm_core.training.data reads the column)
     write_jsonl(d / "composition_train.jsonl", [dict(r, keep_anchor=r.get("keep_anchor", False)) for r in data["compose"]],
                 PAIR_ROWS + ("keep_anchor",))
-    write_jsonl(d / "composition_validation.jsonl", data["dev"], PAIR_ROWS)
-    write_jsonl(d / "eval_heldout.jsonl", data["test"], PAIR_ROWS)
+    write_jsonl(d / "composition_validation.jsonl", as_written(data["dev"], s), PAIR_ROWS + _value(s))
+    write_jsonl(d / "eval_heldout.jsonl", as_written(data["test"], s), PAIR_ROWS + _value(s))
     write_jsonl(d / "eval_general.jsonl", data["general"], PAIR_ROWS)
     write_jsonl(d / "rehearsal.jsonl", data["rehearsal"], ("question",) + PAIR_ROWS)
+
+
+def as_written(rows: list[dict], s) -> list[dict]:
+    """Question rows as the files hold them: the completion is the answer the bridge was trained to write (the
+    town, or with answer_style "sentence" the whole sentence, the town kept in a "value" column for scoring), so
+    the app's exact match and loss score the same target as the run."""
+    if getattr(s, "answer_style", "town") != "sentence":
+        return rows
+    return [dict(r, completion=trained_answer(r["completion"], r["entity"], s.answer_style).strip(), value=r["completion"])
+            for r in rows]
+
+
+def _value(s) -> tuple:
+    return ("value",) if getattr(s, "answer_style", "town") == "sentence" else ()
 
 
 def train_settings(settings: dict) -> dict:
@@ -48,6 +63,9 @@ def write_preset_json(out: Path, result: dict, s, data: dict) -> None:
     cells = ", ".join(f"{k} {v:.1f}" for k, v in row.items())
     g = with_expected(result["general"])
     forms = W.QUESTIONS[s.attributes[0]]
+    sentence = getattr(s, "answer_style", "town") == "sentence"
+    own_words = " or in your own words" if sentence else ""
+    scored = "Answers naming the right town (it answers 'NAME was born in TOWN.')" if sentence else "Exact match on the town"
     meta = {
         "name": "real_knowledge",
         "title": "A made-up world that only m_A knows, used by a frozen real chat model (SmolLM2 + Gemma 3)",
@@ -56,8 +74,8 @@ def write_preset_json(out: Path, result: dict, s, data: dict) -> None:
             f"people and their home towns ({s.towns} invented towns). The anchor = SmolLM2-135M-Instruct, frozen, never "
             f"shown the world. The bridge was trained on questions about {len(data['parts']['compose'])} people (20%) "
             f"and on general questions answered by the anchor itself; ask about the others in one of the trained "
-            f"forms ({'; '.join(f.format(x='NAME') for f in forms)}): world.json lists every person, their town and "
-            f"split. Exact match on the town, held-out people: {cells}. General prompts: perplexity "
+            f"forms ({'; '.join(f.format(x='NAME') for f in forms)}){own_words}: world.json lists every person, their "
+            f"town and split. {scored}, held-out people: {cells}. General prompts: perplexity "
             f"{g['perplexity_on']:.2f} with the bridge, {g['perplexity_off']:.2f} without; "
             f"{g['expected_on']} of {g['prompts']} greedy answers hold an expected word ('Paris' for the capital of "
             f"France...) with it, {g['expected_off']} without."
@@ -70,8 +88,8 @@ def write_preset_json(out: Path, result: dict, s, data: dict) -> None:
         "augment_adapter": "adapter",
         "bridge": "bridge",
         "calm_config": s.calm_config().to_dict(),
-        "max_new_tokens": s.max_new_tokens,
-        "eval_max_new_tokens": s.max_new_tokens,
+        "max_new_tokens": max(s.max_new_tokens, SENTENCE_TOKENS) if sentence else s.max_new_tokens,
+        "eval_max_new_tokens": max(s.max_new_tokens, SENTENCE_TOKENS) if sentence else s.max_new_tokens,
         "metrics": ["exact_match", "loss"],
         "eval_files": {"held-out people": "data/eval_heldout.jsonl", "general prompts": "data/eval_general.jsonl"},
         "eval_table_rows": {"held-out people": {"exact_match": "exact match %, held-out entities"}},
@@ -98,8 +116,9 @@ def ship(run: Path, preset: Path, check: int = 100) -> dict:
     if preset.exists():
         shutil.rmtree(preset)
     preset.mkdir(parents=True)
-    for name in ("preset.json", "world.json", "table.json", "table.md"):
-        shutil.copy2(run / name, preset / name)
+    for name in ("preset.json", "world.json", "table.json", "table.md", "generalisation.json", "generalisation.md"):
+        if (run / name).is_file() or not name.startswith("generalisation"):
+            shutil.copy2(run / name, preset / name)
     shutil.copytree(run / "data", preset / "data")
     for sub, weights in (("adapter", "adapter_model.safetensors"), ("bridge", "bridge.safetensors")):
         shutil.copytree(run / sub, preset / sub, ignore=shutil.ignore_patterns("*.safetensors", "README.md"))
@@ -110,20 +129,57 @@ def ship(run: Path, preset: Path, check: int = 100) -> dict:
     from calm_core.lab.session import LabSession, ModelCache
 
     from .scoring import exact
-    from .settings import Settings
 
     if preset.parent.resolve() != _presets_dir():
         raise SystemExit(f"{preset} is not under the app's presets folder {_presets_dir()}")
     session = LabSession(ModelCache())
     session.use_preset(preset.name)
     rows = [json.loads(x) for x in (preset / "data" / "eval_heldout.jsonl").read_text().splitlines()][:check]
-    score, _ = exact(session.calm, rows, Settings())
     meta = json.loads((preset / "preset.json").read_text())
+    score, _ = exact(session.calm, rows, scoring_settings(meta))
+    if (preset / "generalisation.json").is_file():  # generalisation.py's probe of this run: what to try, honestly
+        meta["description"] += " " + what_to_try(json.loads((preset / "generalisation.json").read_text()))
+        people = json.loads((preset / "world.json").read_text())["people"]
+        person = next(p["name"] for p in reversed(people) if p["split"] == "test")
+        # beside the trained forms: a wording it never trained on, and a question the bridge should leave alone
+        meta["example_prompts"] = meta["example_prompts"][:3] + [f"Where was {person} born?",
+                                                                 "What is the capital of France?"]
     meta["shipped_check"] = {"held_out_questions": len(rows), "exact_match": score,
                              "note": "the shipped files (adapter and bridge in bf16), loaded as the app loads them"}
     (preset / "preset.json").write_text(json.dumps(meta, indent=1))
     load_preset(preset.name)  # it loads
     return meta["shipped_check"]
+
+
+def scoring_settings(meta: dict):
+    """Settings to score a preset's answers with: its run's answer style, and its eval_max_new_tokens."""
+    from dataclasses import fields
+
+    from .settings import Settings
+
+    known = {f.name for f in fields(Settings)}
+    s = Settings(**{k: v for k, v in (meta.get("settings") or {}).items() if k in known})
+    s.max_new_tokens = meta.get("eval_max_new_tokens", s.max_new_tokens)
+    return s
+
+
+def what_to_try(g: dict) -> str:
+    """The preset description's guide for a student, from generalisation.py's result on the test people: question
+    forms the bridge never trained on, invented names and general questions, with the measured numbers."""
+    never = {n: r for n, r in g["held_out"].items() if n != "trained forms"}
+    mean = sum(r["named_on"] for r in never.values()) / len(never)
+    worst = min(never, key=lambda n: never[n]["named_on"])
+    inv, fam, gen = g["unknown"]["invented"], g["unknown"]["famous"], g["general"]
+    return (f"Try your own wording too: in {len(never)} question forms it never trained on (\"Where was NAME born?\", "
+            f"lower case, a typo, a second chat turn...) {mean:.0f}% of answers name the right town (weakest: "
+            f"{worst}, {never[worst]['named_on']:.0f}%). Ask about a name that is in no list (an invented one) and "
+            f"the bridge does NOT yet stay closed: {inv['invented_on']:.0f}% of such answers name one of the world's "
+            f"towns (the anchor alone {inv['invented_off']:.0f}%), because m_A itself answers confidently for any "
+            f"name; about a famous person (\"Where was Albert Einstein born?\") the expected town or country comes in "
+            f"{fam['expected_on']}/{fam['asked']} answers with the bridge, {fam['expected_off']}/{fam['asked']} "
+            f"without. A general question (\"What is the capital of France?\") is where the bridge should stay out of "
+            f"the way: perplexity {gen['ratio']:.2f}x the anchor's, expected words {gen['expected_on']}/{gen['prompts']} "
+            f"with the bridge, {gen['expected_off']}/{gen['prompts']} without (generalisation.md).")
 
 
 def _presets_dir() -> Path:

@@ -12,10 +12,22 @@ from .scoring import COLUMNS, ROW_PERPLEXITY, general_rows, with_expected
 PROTOCOL = ("Knowledge of a made-up world (invented people, each with a home town among invented towns) that only "
             "m_A has: m_A = Gemma 3 270M (base) + a LoRA adapter trained on encyclopedia sentences only; anchor = "
             "SmolLM2-135M-Instruct, frozen, never shown the world, asked in its own chat template. The bridge is "
-            "trained on questions about 20% of the people (answer = a space and the town alone) and on general questions answered "
+            "trained on questions about 20% of the people (answer = {answer}) and on general questions answered "
             "by the anchor itself (rehearsal); early stopping and every setting were chosen on development people. "
-            "Scored by exact match on the town (first line of the answer, spaces and a final full stop removed), "
-            "greedy decoding, on questions about held-out test people who appear in no composition data.")
+            "Scored by {scoring}, greedy decoding, on questions about held-out test people who appear in no "
+            "composition data.")
+ANSWER_TOWN = ("a space and the town alone", "exact match on the town (first line of the answer, spaces and a final full "
+               "stop removed)")
+ANSWER_SENTENCE = ("m_A's own encyclopedia sentence 'NAME was born in TOWN.', the three question forms and, with "
+                   "questions_per_person > 3, forms drawn from a small grammar (phrasings.py); invented names outside "
+                   "the world, asked the same way, are trained toward the anchor's own answers", "whether the "
+                   "answer's first line names the right town (a whole word)")
+
+
+def protocol_text(settings: dict | None) -> str:
+    """PROTOCOL for the run's answer style."""
+    answer, scoring = ANSWER_SENTENCE if (settings or {}).get("answer_style") == "sentence" else ANSWER_TOWN
+    return PROTOCOL.format(answer=answer, scoring=scoring)
 
 COLUMN_NOTES = {
     "CALM": "anchor + m_A through the trained bridge",
@@ -59,7 +71,14 @@ def departures(settings: dict) -> list[str]:
                  "next-token distributions (KL, calm_core Example.keep_anchor)" if kl else "trained on the anchor's "
                  "greedy answers") + ", so that it learns to leave the anchor alone where m_A has nothing to add; "
                  "the paper's composition data is the task's alone.")
-    return DEPARTURES[:3] + [value] + DEPARTURES[3:] + [rehearsal]
+    first = DEPARTURES[:3]
+    if settings.get("answer_style") == "sentence":
+        first = [DEPARTURES[0], "The trained answer is m_A's own encyclopedia sentence ('NAME was born in TOWN.'): "
+                 "whatever the question's words, the anchor writes the phrase that elicits the fact from m_A, and the "
+                 "bridge reads m_A's prediction at the newest token; the paper's answers are the task's own.",
+                 DEPARTURES[2].replace("; the trained answer starts with a space (' Daikroze'), which makes SmolLM2 "
+                                       "cut the name as m_A does (the scoring strips it)", "")]
+    return first + [value] + DEPARTURES[3:] + [rehearsal]
 
 
 RESULTS = Path(__file__).parents[2] / "results" / "real_knowledge"  # data lives outside the code folder
@@ -145,7 +164,7 @@ def fresh_sentence(settings: dict | None) -> str:
 def protocol(settings: dict | None, development: str | None = None) -> str:
     """PROTOCOL and which run this is: `development` (a run's own table.json key, kept by relabel) says what a
     second look at a world tried, in place of the fresh-world sentence its seed would get."""
-    return PROTOCOL + (f" {development}" if development else fresh_sentence(settings))
+    return protocol_text(settings) + (f" {development}" if development else fresh_sentence(settings))
 
 
 def own_description(text: str) -> str:
@@ -227,7 +246,8 @@ def write(out: Path, result: dict, settings=None) -> None:
             "protocol": protocol(result.get("settings"), result.get("development")),
             "column_notes": COLUMN_NOTES, "departures": departures(result.get("settings") or {}),
             "answer_formats": {"question": "chat template, user turn = the question",
-                               "answer": "a space, the town, then <|im_end|>"},
+                               "answer": ("the sentence 'NAME was born in TOWN.'" if (result.get("settings") or {}).get(
+                                   "answer_style") == "sentence" else "a space, the town") + ", then <|im_end|>"},
             "counts": result.get("counts"), "settings": result.get("settings"),
             "augment": result.get("augment"), "bridge": result.get("bridge"), "controls": result.get("controls"),
             "by_form": result.get("by_form")}

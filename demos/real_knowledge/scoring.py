@@ -72,12 +72,12 @@ def write_jsonl(path: Path, rows, keys=None) -> None:
 
 
 def exact(calm, rows, s, extract=answer) -> tuple[float, list[str]]:
-    """(% exact match, the raw outputs) of greedy answers to rows' prompts."""
+    """(% right, the raw outputs) of greedy answers to rows' prompts: exact match on the value, or, for sentence
+    answers (answer_style "sentence", or rows with a "value" column), the value named in the answer's first line."""
     preds = predictions(calm, examples(rows), max_new_tokens=s.max_new_tokens)
-    if getattr(s, "answer_style", "town") == "sentence":
-        right = [names(p, r["completion"]) for p, r in zip(preds, rows)]
-    else:
-        right = [extract(p) == r["completion"] for p, r in zip(preds, rows)]
+    sentence = getattr(s, "answer_style", "town") == "sentence"
+    right = [names(p, r["value"]) if "value" in r  # a written file whose completion is the whole sentence
+             else names(p, r["completion"]) if sentence else extract(p) == r["completion"] for p, r in zip(preds, rows)]
     return 100.0 * sum(right) / max(1, len(rows)), preds
 
 

@@ -83,7 +83,7 @@ def held_out_question(index: int) -> tuple[str, str]:
     rows = (ROOT / "presets" / PRESET / "data" / "eval_heldout.jsonl").read_text().splitlines()
     row = json.loads(rows[index])
     question = re.search(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", row["prompt"], re.S).group(1).strip()
-    return question, row["completion"].strip()
+    return question, row.get("value", row["completion"]).strip()  # "value": the town where the answer is a sentence
 
 
 def use_preset(client) -> list[str]:
@@ -106,7 +106,8 @@ def use_preset(client) -> list[str]:
 
 def ask(client, question: str) -> str:
     # (message, three histories, max_new_tokens, do_sample, temperature, top_k, top_p, seed, gate_scale, layers_off, mode)
-    out = client.predict(question, [], [], [], 8, False, 1.0, 0, 1.0, 0, 1.0, [], "chat", api_name="/chat")
+    tokens = json.loads((ROOT / "presets" / PRESET / "preset.json").read_text()).get("max_new_tokens", 8)
+    out = client.predict(question, [], [], [], tokens, False, 1.0, 0, 1.0, 0, 1.0, [], "chat", api_name="/chat")
     return text_of(out[0][-1])
 
 

@@ -14,12 +14,9 @@ Every score is exact match on the value (the answer's first line, surrounding sp
 removed), greedy, batched (calm_core.training.evaluation.predictions); with --set answer_style='"sentence"' (the
 shipped preset's: the answer is "NAME was born in TOWN.") the town named in the first line.
 
-The steps: 1. the world and the data (questions about the composition people: the three trained forms, or with
-questions_per_person > 3 forms from phrasings.py's grammar; unknown_rows invented names; rehearsal rows answered by
-the anchor); 2. m_A's LoRA on the encyclopedia (or --reuse-augment); 3. the bridge (value map, recency start,
-training with development checks); 4. evaluation: CALM, the anchor alone, m_A alone; 5. the trained controls
-(anchor + LoRA, the bridge on untrained Gemma); 6. table.md/json and preset.json. Then, separately:
-python -m demos.real_knowledge.generalisation DIR   # other wordings, unknown and famous people (probe_forms.py)
+Steps: 1. world and data (the trained forms, or phrasings.py's grammar past 3 per person; unknown_rows; rehearsal);
+2. m_A's LoRA (or --reuse-augment); 3. the bridge (value map, recency start, development checks); 4. evaluation;
+5. the trained controls; 6. table and preset.json. Then: python -m demos.real_knowledge.generalisation DIR.
 """
 from __future__ import annotations
 

@@ -179,7 +179,7 @@ def relabel(out: Path) -> None:
     result = json.loads((out / "table.json").read_text())
     write(out, result)
     meta_path = out / "preset.json"
-    if meta_path.is_file():
+    if meta_path.is_file() and not result.get("development"):  # a second look keeps its own sentence
         meta = json.loads(meta_path.read_text())
         meta["description"] = own_description(meta["description"]) + fresh_sentence(result.get("settings"))
         meta_path.write_text(json.dumps(meta, indent=1))

@@ -289,6 +289,7 @@ def test_the_experiments_loop(page, tmp_path):
     page.get_by_role("button", name="Resume training").click()
     expect(page.get_by_text(re.compile(r"Resuming run-003 from step \d+"))).to_be_visible()
     expect(page.get_by_text("Finished 400 steps.").last).to_be_visible()
+    page.get_by_role("button", name="Refresh").click()  # the list as the run store holds it now
     expect(page.get_by_role("checkbox", name=re.compile(r"^run-003 · to resume · finished at step 400.400$"))).to_be_visible()
     page.get_by_role("button", name="Download run").click()
     expect(block(page, "Run folder (.zip)").get_by_role("link").first).to_be_visible()

@@ -55,7 +55,7 @@ from .scoring import (  # noqa: F401 (COLUMNS)
     examples,
     general_check,
     general_rows,
-    names,
+    is_right,
     starts_with_answer,
     trained_answer,
 )
@@ -175,8 +175,7 @@ def by_form(rows, preds, extract, style: str = "town") -> dict[str, float]:
     or for sentence answers the value named (scoring.exact's rule)."""
     out = {}
     for form in sorted({r["form"] for r in rows}):
-        pairs = [names(p, r["completion"]) if style == "sentence" else extract(p) == r["completion"]
-                 for r, p in zip(rows, preds) if r["form"] == form]
+        pairs = [is_right(p, r, style == "sentence", extract) for r, p in zip(rows, preds) if r["form"] == form]
         out[W.QUESTIONS[rows[0]["attribute"]][form]] = 100.0 * sum(pairs) / len(pairs)
     return out
 

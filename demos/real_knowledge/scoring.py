@@ -71,13 +71,19 @@ def write_jsonl(path: Path, rows, keys=None) -> None:
     path.write_text("".join(json.dumps({k: r[k] for k in (keys or r)}) + "\n" for r in rows))
 
 
+def is_right(pred: str, row: dict, sentence: bool, extract=answer) -> bool:
+    """One answer scored: the value named (a "value" column, or sentence answers) or exact match on it."""
+    if "value" in row:  # a written file whose completion is the whole sentence
+        return names(pred, row["value"])
+    return names(pred, row["completion"]) if sentence else extract(pred) == row["completion"]
+
+
 def exact(calm, rows, s, extract=answer) -> tuple[float, list[str]]:
     """(% right, the raw outputs) of greedy answers to rows' prompts: exact match on the value, or, for sentence
     answers (answer_style "sentence", or rows with a "value" column), the value named in the answer's first line."""
     preds = predictions(calm, examples(rows), max_new_tokens=s.max_new_tokens)
     sentence = getattr(s, "answer_style", "town") == "sentence"
-    right = [names(p, r["value"]) if "value" in r  # a written file whose completion is the whole sentence
-             else names(p, r["completion"]) if sentence else extract(p) == r["completion"] for p, r in zip(preds, rows)]
+    right = [is_right(p, r, sentence, extract) for p, r in zip(preds, rows)]
     return 100.0 * sum(right) / max(1, len(rows)), preds
 
 

@@ -164,15 +164,14 @@ def train(session, steps, lr, batch_size, gate_lr_scale=1.0, augment_noise=0.0, 
     run = session.start_training(config, name=str(run_name or "").strip()[:80])
     labels = session.require().layer_pairs() if config.method == "calm" else []  # a baseline has no gates
     try:
-        while session.training or run.running:
-            session.wait(0.7)
-            yield views.train_view(run, labels) + (None, views.accuracy_view(run))
+        for status, loss, gates, accuracy in views.follow_run(session, run, labels):
+            yield status, loss, gates, None, accuracy
     except GeneratorExit:  # the page went away: stop, keeping what was learned
         session.stop_training()
         raise
     if config.method != "calm" and config.method in session.baselines:
         run.message += " " + views.baseline_note(session, config.method)
-    yield views.train_view(run, labels) + (None, views.accuracy_view(run))
+        yield views.train_view(run, labels) + (None, views.accuracy_view(run))
 
 
 @friendly

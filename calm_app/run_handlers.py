@@ -68,13 +68,10 @@ def resume_run(session, chosen):
     run = session.start_training(None, resume=record.id)
     labels = session.require().layer_pairs()
     try:
-        while session.training or run.running:
-            session.wait(0.7)
-            yield views.train_view(run, labels) + (views.accuracy_view(run),)
+        yield from views.follow_run(session, run, labels)
     except GeneratorExit:
         session.stop_training()
         raise
-    yield views.train_view(run, labels) + (views.accuracy_view(run),)
 
 
 @friendly

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 import traceback
 
 import gradio as gr
@@ -151,6 +152,24 @@ def train_view(run, labels):
 
 def accuracy_view(run):
     return run_figures.accuracy_curve(run.accuracy)
+
+
+STATUS_EVERY_S, PLOTS_EVERY_S = 0.7, 3.0  # the status line often; the three plots less often (drawing them costs the
+#                                           server and the page CPU time a training run on the same cores wants)
+
+
+def follow_run(session, run, labels):
+    """(status, loss plot, gate plot, accuracy plot) while a run trains, then once more when it ended. Between
+    redraws the plots are left as they are (gr.skip()), so a long run is not slowed by drawing its own curves."""
+    drawn_at, drawn_steps = 0.0, -1
+    while session.training or run.running:
+        session.wait(STATUS_EVERY_S)
+        if time.perf_counter() - drawn_at >= PLOTS_EVERY_S and len(run.history) != drawn_steps:
+            drawn_at, drawn_steps = time.perf_counter(), len(run.history)
+            yield train_view(run, labels) + (accuracy_view(run),)
+        else:
+            yield (run.status(), gr.skip(), gr.skip(), gr.skip())
+    yield train_view(run, labels) + (accuracy_view(run),)
 
 
 # ---- Chat tab ----------------------------------------------------------------------------------

@@ -268,16 +268,16 @@ def test_the_experiments_loop(page, tmp_path):
     settings = tmp_path / "run-002.yaml"
     settings.write_bytes(page.request.get(link.get_attribute("href")).body())
     assert "lr: 0.02" in settings.read_text()
-    settings.write_text(settings.read_text().replace("steps: 12", "steps: 400"))  # long enough to be stopped
+    settings.write_text(settings.read_text().replace("steps: 12", "steps: 240"))  # long enough to be stopped
 
     page.get_by_role("tab", name="2 · Data & train").click()
     block(page, "Load settings (.yaml / .json from Runs)").locator(
         "input[type=file]").set_input_files(str(settings))
-    expect(page.get_by_label("steps")).to_have_value("400")
+    expect(page.get_by_label("steps")).to_have_value("240")
     expect(page.get_by_label("learning rate", exact=True)).to_have_value("0.02")
     page.get_by_label("run name (the Runs tab keeps every run)").fill("to resume")
     train.click()
-    expect(page.get_by_text(re.compile(r"Step [1-9]\d*/400"))).to_be_visible()
+    expect(page.get_by_text(re.compile(r"Step [1-9]\d*/240"))).to_be_visible()
     page.get_by_role("button", name="Stop", exact=True).click()
     expect(page.get_by_text(re.compile(r"Stopped at step \d+"))).to_be_visible()
 
@@ -288,9 +288,9 @@ def test_the_experiments_loop(page, tmp_path):
     page.get_by_role("checkbox", name=re.compile(r"^run-003 · to resume · stopped")).check()
     page.get_by_role("button", name="Resume training").click()
     expect(page.get_by_text(re.compile(r"Resuming run-003 from step \d+"))).to_be_visible()
-    expect(page.get_by_text("Finished 400 steps.").last).to_be_visible()
+    expect(page.get_by_text("Finished 240 steps.").last).to_be_visible(timeout=120_000)
     page.get_by_role("button", name="Refresh").click()  # the list as the run store holds it now
-    expect(page.get_by_role("checkbox", name=re.compile(r"^run-003 · to resume · finished at step 400.400$"))).to_be_visible()
+    expect(page.get_by_role("checkbox", name=re.compile(r"^run-003 · to resume · finished at step 240.240$"))).to_be_visible()
     page.get_by_role("button", name="Download run").click()
     expect(block(page, "Run folder (.zip)").get_by_role("link").first).to_be_visible()
     shot(page, "app-11-runs-resumed")

@@ -21,6 +21,7 @@ ANSWERS = [Example("ab=", " ba"), Example("cd=", " dc"), Example("ef=", " fe")]
 @pytest.mark.parametrize("name, value_lr, position_lr, gate_lr", [
     ("plain", 1.0, 1.0, 1.0),
     ("knowledge", 0.0, 25.0, 5.0),
+    ("knowledge-sentence", 0.0, 25.0, 5.0),
 ])
 def test_named_recipes_and_their_learning_rates(name, value_lr, position_lr, gate_lr):
     recipe = recipes.get_recipe(name)
@@ -80,6 +81,23 @@ def test_a_step_that_cannot_apply_says_so_and_what_runs_instead(tokenizers, monk
     assert changes == {"value_lr_scale": 1.0}  # a random value path kept fixed would carry nothing
     assert any(why in n and "starts at random and trains at the full rate" in n for n in notes)
     assert all(torch.equal(v, calm.bridge.state_dict()[k]) for k, v in before.items())
+
+
+@pytest.mark.parametrize("recency, started", [(4, True), (0, False)])
+def test_the_recency_start_opens_attention_on_the_newest_token_or_says_it_cannot(tokenizers, recency, started):
+    anchor = make_pair("gpt2", tokenizers["char_bos"], layers=2, width=32, seed=1)
+    augment = make_pair("llama", tokenizers["char"], layers=2, width=24, seed=2)
+    calm = ComposedLM(anchor, [augment], CALMConfig(anchor_layers=[1], augment_layers=[2], recency=recency))
+    anchor_logits = calm.anchor.model(calm.anchor.tokenizer(["abcd=dcba"], return_tensors="pt")["input_ids"]).logits
+    _, _, notes = recipes.prepare(calm, recipes.get_recipe("knowledge-sentence"), ANSWERS)
+    blocks = calm.bridge.augments[0].blocks
+    if started:
+        assert any("newest token (recency bias 4 at age 0)" in n for n in notes)
+        assert all(torch.all(b.recency[:, 0] == 4) and torch.all(b.recency[:, 1:] == 0) for b in blocks)
+    else:
+        assert any("recency start cannot apply: the bridge has no recency biases" in n for n in notes)
+    torch.testing.assert_close(calm.logits(["abcd=dcba"]), anchor_logits)  # gates still closed: the anchor exactly
+    assert calm.recipe["recency_start"] == 4.0
 
 
 def test_the_recipe_is_saved_with_the_bridge(tokenizers, tmp_path):

@@ -4,11 +4,13 @@ A recipe is what a demo learned about making composition work, made reusable: th
 knowledge recipe the real-model preset was trained with. It sets the learning-rate scales of the bridge's parts
 (TrainConfig fields), how the value path starts (at random, or as the map between the two models' output
 vocabularies: vocab_init.py) and whether rehearsal rows are added (general questions answered by the anchor itself,
-trained toward its own next-token distributions: rehearsal.py). `prepare` applies the start to a fresh bridge and says
+trained toward its own next-token distributions: rehearsal.py), and where attention starts (recency). `prepare` applies the start to a fresh bridge and says
 what it did, and what it could not do and what runs instead; its name is saved with the bridge (bridge_config.json)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+
+import torch
 
 from ..errors import CALMError
 
@@ -24,6 +26,9 @@ class Recipe:
     gate_lr_scale: float = 1.0
     rehearsal: int = 0  # general questions answered by the anchor itself, added when the data has no keep_anchor rows
     rehearsal_new_tokens: int = 40
+    recency_start: float = 0.0  # > 0: attention starts on the augmenting model's newest token (its recency bias at
+    #                             age 0), where an answer that restates the fact ("NAME was born in") has m_A about
+    #                             to say it; 0 leaves the biases at zero
 
     def train_fields(self) -> dict:
         """The TrainConfig fields this recipe sets."""
@@ -42,6 +47,12 @@ RECIPES = {
         "training data never shows; attention positions learn 25×, gates 5× faster; rehearsal rows keep the anchor "
         "elsewhere.", value_start="vocabulary", value_lr_scale=0.0, position_lr_scale=25.0, gate_lr_scale=5.0,
         rehearsal=96),
+    "knowledge-sentence": Recipe(
+        "knowledge-sentence", "The knowledge recipe for answers that restate the fact (\"NAME was born in TOWN.\"): "
+        "attention also starts on the augmenting model's newest token (recency bias 4 there), where the answer has it "
+        "about to say the fact; reads the fact in the question's own words less, so other wordings work better.",
+        value_start="vocabulary", value_lr_scale=0.0, position_lr_scale=25.0, gate_lr_scale=5.0, rehearsal=96,
+        recency_start=4.0),
 }
 DEFAULT_RECIPE = "plain"
 
@@ -85,6 +96,8 @@ def prepare(calm, recipe: Recipe, examples: list, seed: int | None = None) -> tu
         calm.reseed_bridge(seed)
     if recipe.value_start == "vocabulary":
         notes.append(_vocabulary_start(calm, recipe, examples, changes))
+    if recipe.recency_start:
+        notes.append(start_on_newest_token(calm, recipe.recency_start))
     extra = []
     if recipe.rehearsal:
         if any(e.keep_anchor for e in examples):
@@ -97,6 +110,17 @@ def prepare(calm, recipe: Recipe, examples: list, seed: int | None = None) -> tu
                          "its own next-token distributions")
     calm.recipe = recipe.to_dict()
     return changes, extra, notes
+
+
+@torch.no_grad()
+def start_on_newest_token(calm, value: float) -> str:
+    """Every block's recency bias (heads x ages) set to `value` at age 0: the newest augmenting token."""
+    blocks = [b for bridge in calm.bridge.augments for b in bridge.blocks if getattr(b, "recency", None) is not None]
+    if not blocks:
+        return "recency start cannot apply: the bridge has no recency biases (recency 0); attention starts even"
+    for block in blocks:
+        block.recency[:, 0] = value
+    return f"attention started on the augmenting model's newest token (recency bias {value:g} at age 0)"
 
 
 def _vocabulary_start(calm, recipe: Recipe, examples: list, changes: dict) -> str:

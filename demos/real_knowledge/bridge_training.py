@@ -17,6 +17,7 @@ import torch
 
 from calm_core import ComposedLM, load_causal_lm
 from calm_core.models.loading import freeze
+from calm_core.training.recipes import start_on_newest_token
 from calm_core.training.trainer import TrainConfig, Trainer
 from calm_core.training.vocab_init import init_value_path
 
@@ -35,7 +36,7 @@ def train_bridge(s, anchor, augment, data) -> tuple[ComposedLM, dict]:
         log("value init", init_value_path(calm, answers=[trained_answer(r["completion"]) for r in data["questions"]],
                                            answer_share=s.value_answer_share))
     if s.recency_init and s.answer_style == "sentence":  # the fact is the answer's own "was born in": age 0
-        log("recency init", start_recency_at(calm, {0: len(data["questions"])}, s.recency_init))
+        log("recency init", start_on_newest_token(calm, s.recency_init))  # the knowledge-sentence recipe's start
     elif s.recency_init:
         log("recency init", start_recency_at_the_fact(calm, data["questions"], s.recency_init))
     config = TrainConfig(steps=s.compose_steps, lr=s.compose_lr, batch_size=s.compose_batch,

@@ -99,7 +99,9 @@ def write_preset_json(out: Path, result: dict, s, data: dict) -> None:
         "times_s": result["times_s"],
         "settings": result["settings"],
         "train": train_settings(result["settings"]),
-        "recipe": "knowledge",  # calm_core.training.recipes: the value-path start, learning rates and rehearsal
+        # calm_core.training.recipes: the value-path start, learning rates and rehearsal (+ attention started on m_A's
+        # newest token for sentence answers, as bridge_training.py starts it)
+        "recipe": "knowledge-sentence" if sentence and s.recency_init else "knowledge",
     }
     (out / "preset.json").write_text(json.dumps(meta, indent=1))
 

@@ -116,9 +116,9 @@ def test_training_changes_only_the_bridge(direction, bf16):
     calm = compose(direction)
     before_models, before_bridge = _checksums([calm.anchor] + calm.augments), _copy(calm.bridge)
     examples = [Example(f"Q: Where does Zorblat {i} live?\nA:", f" In Quillmoor {i}.") for i in range(8)]
-    config = TrainConfig(steps=3, batch_size=4, lr=1e-2, warmup_steps=0, bf16=bf16, progress=False, eval_every=100)
+    config = TrainConfig(steps=1, batch_size=4, lr=1e-2, warmup_steps=0, bf16=bf16, progress=False, eval_every=100)
     result = Trainer(calm, examples, None, config).train()
-    assert result.step == 3
+    assert result.step == 1
     assert _checksums([calm.anchor] + calm.augments) == before_models
     after = calm.bridge.state_dict()
     assert all(torch.isfinite(v).all() for v in after.values())

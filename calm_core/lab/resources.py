@@ -86,14 +86,24 @@ def _model_activation_bytes(member, tokens: int, element: int, backward: bool) -
     return per_layer * (info.num_layers if backward else 2)
 
 
-def training_bytes(calm, batch_size: int, tokens: int) -> int:
-    """One training step on `batch_size` sequences of `tokens` anchor tokens."""
-    element = _element_bytes(calm)
-    per_sequence = _model_activation_bytes(calm.anchor, tokens, element, backward=True)
-    per_sequence += sum(_model_activation_bytes(m, tokens, element, backward=False) for m in calm.augments)
-    per_sequence += tokens * calm.anchor.info.vocab_size * 4 * 4  # logits, float copy, softmax, gradient
+def training_bytes(calm, batch_size: int, tokens: int, cached: bool = False) -> int:
+    """One training step on `batch_size` sequences of `tokens` anchor tokens. `cached`: with the frozen-state cache
+    on, where a step runs neither augmenting model and only the anchor's layers from the bridge's first up (the
+    prefix below is stored: anchor_prefix.py). The loss goes through the output layer in chunks where it can
+    (fused_loss.py): then the logits are a fixed few rows, not every token's."""
+    from ..engine.anchor_prefix import prefix_depth
+    from ..training.fused_loss import CHUNK, plain_output_layer
+
+    element, info = _element_bytes(calm), calm.anchor.info
+    per_layer = _model_activation_bytes(calm.anchor, tokens, element, backward=True) // info.num_layers
+    per_sequence = per_layer * (info.num_layers - (prefix_depth(calm) if cached else 0))
+    if not cached:
+        per_sequence += sum(_model_activation_bytes(m, tokens, element, backward=False) for m in calm.augments)
+    logits = info.vocab_size * 4 * 4  # per row: logits, float copy, softmax, gradient
+    fused = hasattr(calm, "_anchor_model") and plain_output_layer(calm._anchor_model()) is not None
+    per_sequence += 0 if fused else tokens * logits
     bridge = sum(p.numel() for p in calm.bridge.parameters()) * 4 * 4  # weights, gradient, two Adam moments
-    return batch_size * per_sequence + bridge
+    return batch_size * per_sequence + bridge + (min(CHUNK, batch_size * tokens) * logits if fused else 0)
 
 
 def max_batch_size(calm, tokens: int, room: int) -> int:

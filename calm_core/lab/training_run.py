@@ -157,14 +157,18 @@ class TrainingRuns:
         device = device_of_calm(composed)
         with LEDGER.reserve(copy, f"Copying the anchor for the {config.method} baseline", "Free memory first.", device):
             calm = comparison.model_for(composed, config.method)
-        need = copy + training_bytes(calm, config.batch_size, tokens)
+        # a step with the frozen-state cache on runs only the anchor above the bridge: it needs far less than one
+        # without, so the cache gets what is left beside the cached step; the reservation covers either path (the
+        # trainer decides, once the rows are prepared, whether the cache fits its budget)
+        uncached = copy + training_bytes(calm, config.batch_size, tokens)
+        cached = copy + training_bytes(calm, config.batch_size, tokens, cached=config.cache_augment_states)
         budget_name = "cache_budget_mb"
         if config.cache_budget_mb is None:  # the cache takes what is left to this session, whenever it fits
-            config = replace(config, cache_budget_mb=max(0, LEDGER.room(device) - need) / 2**20)
+            config = replace(config, cache_budget_mb=max(0, LEDGER.room(device) - cached) / 2**20)
             budget_name = LEDGER_BUDGET
         validation = min(len(self.splits.validation), config.eval_examples)
-        need += frozen_cache_bytes(calm, config, len(examples) + validation, tokens, self.splits.kept + len(examples) -
-                                   len(self.splits.train))
+        need = max(uncached, cached + frozen_cache_bytes(calm, config, len(examples) + validation, tokens,
+                                                         self.splits.kept + len(examples) - len(self.splits.train)))
         fits = bounds.largest_batch(calm, tokens)
         reservation = LEDGER.reserve(need, f"Training with batch size {config.batch_size:,}",
                                      f"At this data's longest example ({tokens:,} tokens) at most batch size {fits:,} "

@@ -20,18 +20,23 @@ CHUNK = 64  # rows computed together
 
 def bytes_per_token(calm) -> int:
     """Stored float32 bytes per token, counting an anchor token and an augmenting token alike (an estimate)."""
-    augment = sum(member.info.width * len(bridge.pairs) * 4 for member, bridge in zip(calm.augments, calm.bridge.augments))
+    augment = sum(member.info.width * _layers(bridge) * 4 for member, bridge in zip(calm.augments, calm.bridge.augments))
     return augment + (calm.anchor.info.width * 4 if prefix_depth(calm) else 0)
 
 
 def cache_bytes(calm, rows, reference_bytes: int = 4) -> int:
     """What storing every row's frozen states takes (float32 states; keep_anchor rows' reference
     log-probabilities over the whole vocabulary at reference_bytes a number)."""
-    augment = sum(member.info.width * len(bridge.pairs) * 4 * sum(len(row.augment_ids[k]) for row in rows)
+    augment = sum(member.info.width * _layers(bridge) * 4 * sum(len(row.augment_ids[k]) for row in rows)
                   for k, (member, bridge) in enumerate(zip(calm.augments, calm.bridge.augments)))
     anchor = calm.anchor.info.width * 4 * sum(len(row.anchor_ids) for row in rows) if prefix_depth(calm) else 0
     kept = sum(row.num_targets for row in rows if row.keep_anchor)
     return augment + anchor + references_bytes(calm, kept, reference_bytes)
+
+
+def _layers(bridge) -> int:
+    """Distinct augmenting layers a model's blocks read: each is stored once."""
+    return len(set(bridge.augment_layers))
 
 
 def references_bytes(calm, targets: int, reference_bytes: int = 4) -> int:
@@ -51,25 +56,31 @@ class FrozenStates:
         self.with_prefix = prefix_depth(calm) > 0
         self.reference_dtype = reference_dtype
         self.bf16 = bf16  # computed as a bf16 training step computes them uncached (autocast): half the time on a CPU
+        # chunks of rows of similar length (a chunk is padded to its longest row: mixed lengths waste most of the
+        # fill on padding); the order depends on the rows alone, so a resumed run fills the same chunks
+        order = sorted(range(len(rows)), key=lambda i: (sum(len(ids) for ids in rows[i].augment_ids)
+                                                         + len(rows[i].anchor_ids), i))
+        self.members = [order[c:c + CHUNK] for c in range(0, len(order), CHUNK)]  # chunk -> its row indices
+        self.place = {i: (c, j) for c, members in enumerate(self.members) for j, i in enumerate(members)}
 
-    def _compute(self, start: int) -> dict:
+    def _compute(self, chunk: int) -> dict:
         device = next(self.calm.anchor.model.parameters()).device.type
         with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=self.bf16):
-            return self._compute_chunk(start)
+            return self._compute_chunk(chunk)
 
-    def _compute_chunk(self, start: int) -> dict:
-        batch, _ = collate(self.calm, self.rows[start:start + CHUNK])
-        augments = [[s.detach().float().cpu() for s in self.calm.augment_states(k, enc.input_ids, enc.attention_mask)]
+    def _compute_chunk(self, chunk: int) -> dict:
+        batch, _ = collate(self.calm, [self.rows[i] for i in self.members[chunk]])
+        augments = [_stored(self.calm.augment_states(k, enc.input_ids, enc.attention_mask))
                     for k, enc in enumerate(batch.augments)]
         prefix = None
         if self.with_prefix:
             prefix = prefix_states(self.calm, batch.anchor.input_ids, batch.anchor.attention_mask).float().cpu()
-        return {"augments": augments, "prefix": prefix, "references": self._references(start)}
+        return {"augments": augments, "prefix": prefix, "references": self._references(chunk)}
 
     @torch.no_grad()
-    def _references(self, start: int) -> dict[int, torch.Tensor]:
+    def _references(self, chunk: int) -> dict[int, torch.Tensor]:
         """{row index: (targets, V) the anchor alone's log-probabilities at its targets} for keep_anchor rows."""
-        kept = [i for i in range(start, min(start + CHUNK, len(self.rows))) if self.rows[i].keep_anchor]
+        kept = [i for i in self.members[chunk] if self.rows[i].keep_anchor]
         if not kept:
             return {}
         batch, labels = collate(self.calm, [self.rows[i] for i in kept])
@@ -81,25 +92,32 @@ class FrozenStates:
 
     def references(self, indices: list[int]) -> list[torch.Tensor]:
         """The keep_anchor rows' stored reference log-probabilities, in the order of indices (call batch() first)."""
-        return [self.chunks[i // CHUNK * CHUNK]["references"][i] for i in indices if self.rows[i].keep_anchor]
+        return [self.chunks[self.place[i][0]]["references"][i] for i in indices if self.rows[i].keep_anchor]
 
     def batch(self, indices: list[int]) -> tuple[list[list[torch.Tensor]], torch.Tensor | None]:
         """(augmenting states per model and composition layer, anchor prefix states or None), each
         row cut or zero-padded to this batch's longest (a chunk is padded to its own longest row)."""
-        for start in sorted({i // CHUNK * CHUNK for i in indices}):
-            if start not in self.chunks:
-                self.chunks[start] = self._compute(start)
-        part = lambda i: self.chunks[i // CHUNK * CHUNK]
+        for chunk in sorted({self.place[i][0] for i in indices}):
+            if chunk not in self.chunks:
+                self.chunks[chunk] = self._compute(chunk)
+        part = lambda i: self.chunks[self.place[i][0]]
+        slot = lambda i: self.place[i][1]
         augments = []
         for k in range(len(self.calm.augments)):
             length = max(len(self.rows[i].augment_ids[k]) for i in indices)
-            augments.append([_stack([part(i)["augments"][k][layer][i % CHUNK] for i in indices], length)
+            augments.append([_stack([part(i)["augments"][k][layer][slot(i)] for i in indices], length)
                              for layer in range(len(self.calm.bridge.augments[k].pairs))])
         prefix = None
         if self.with_prefix:
             length = max(len(self.rows[i].anchor_ids) for i in indices)
-            prefix = _stack([part(i)["prefix"][i % CHUNK] for i in indices], length)
+            prefix = _stack([part(i)["prefix"][slot(i)] for i in indices], length)
         return augments, prefix
+
+
+def _stored(states: list[torch.Tensor]) -> list[torch.Tensor]:
+    """float32 CPU copies, one per distinct layer: blocks that read the same augmenting layer share it."""
+    kept: dict[int, torch.Tensor] = {}
+    return [kept.setdefault(id(s), s.detach().float().cpu()) for s in states]
 
 
 def _stack(pieces: list[torch.Tensor], length: int) -> torch.Tensor:

@@ -50,12 +50,30 @@ def main(argv=None) -> dict:
         answers += lab.calm.generate(prompts[i:i + 32], max_new_tokens=tokens)
     score = SCORERS[preset.scoring(label)]
     exact = 100 * sum(score(a) == score(e.completion) for a, e in zip(answers, examples)) / len(examples)
+    values = [json.loads(line).get("value") for line in open(path) if line.strip()][:len(examples)]
+    named = None
+    if all(values):  # sentence answers with the fact in a "value" column: the value named in the first line too
+        from demos.real_knowledge.scoring import names
+
+        named = round(100 * sum(names(a, v) for a, v in zip(answers, values)) / len(examples), 1)
     result = {"preset": args.preset, "recipe": config.recipe, "steps": config.steps, "batch_size": config.batch_size,
               "lr": config.lr, "bf16": config.bf16, "train_wall_s": round(train_s, 1), "set": label,
-              "examples": len(examples), "exact_match": round(exact, 1), "message": lab.run.message,
+              "examples": len(examples), "exact_match": round(exact, 1), "value_named": named, "message": lab.run.message,
               "accuracy_curve": [(p["step"], round(p["exact_match"], 1)) for p in lab.run.accuracy]}
+    result["machine"] = machine(args.threads)
     print(json.dumps(result))
     return result
+
+
+def machine(threads: int) -> str:
+    """The CPU the times were taken on (times differ about 2x between the machines this project has run on)."""
+    import re
+    from pathlib import Path
+
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    model = re.search(r"model name\s*:\s*(.*)", info)
+    return (f"{model.group(1).strip() if model else 'unknown CPU'}, {threads} threads, "
+            f"{torch.backends.cpu.get_cpu_capability()}")
 
 
 if __name__ == "__main__":

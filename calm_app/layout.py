@@ -10,6 +10,7 @@ from calm_core.engine.config import GATE_TYPES, INSERT_POINTS
 from calm_core.lab.comparison import FORGETTING
 from calm_core.lab.figures import empty
 from calm_core.lab.presets import list_presets
+from calm_core.lab.resources import bf16_label
 from calm_core.training.evaluation import METRICS
 
 from . import handlers as h
@@ -94,7 +95,7 @@ def data_tab(w: SimpleNamespace) -> None:
                                    info="How a new bridge starts and trains; choosing one fills the scales")
             w.position_lr = gr.Number(1.0, label="recency biases and null keys: learning rate ×")
             w.value_lr = gr.Number(1.0, label="value path: learning rate × (0 keeps it as it started)")
-            w.bf16 = gr.Checkbox(False, label="bfloat16 steps (faster on recent CPUs and GPUs)")
+            w.bf16 = gr.Checkbox(False, label=bf16_label())
     w.method = gr.Radio(views.TRAIN_METHODS, value="calm", label="what to train",
                         info="A baseline trains the anchor itself on the same data, with as many trainable parameters "
                              "as the bridge (a copy: the anchor in Chat stays as it was); Evaluate then shows it beside "

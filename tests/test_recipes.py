@@ -180,3 +180,13 @@ def test_the_reproduce_in_class_benchmark_runs_the_apps_path(lab, capsys):
     assert result["recipe"] == "plain" and result["steps"] == 2 and result["examples"] == 4
     assert 0 <= result["exact_match"] <= 100 and result["message"].startswith("Recipe plain.")
     assert '"preset": "tiny"' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("prompt, completion, new", [
+    ("Which town was Ada Lux born in?", "Ada Lux was born in Taifa.<|im_end|>", " Taifa.<|im_end|>"),
+    ("Ada Lux comes from the town of... which one?", "Ada Lux was born in Taifa.", " was born in Taifa."),
+    ("ab=", " ba", " ba"),
+    ("Say it again: yes", " yes", " yes"),  # nothing new: the whole completion
+])
+def test_the_value_start_is_weighted_to_the_words_the_prompt_does_not_hold(prompt, completion, new):
+    assert recipes.new_words(Example(prompt, completion)) == new

@@ -19,6 +19,21 @@ GB = 2**30
 SHARE = float(os.environ.get("CALM_MEMORY_SHARE", "0.6"))
 
 
+def native_bf16_cpu() -> bool:
+    """Whether this CPU does bfloat16 arithmetic natively (AVX-512 BF16 or AMX): elsewhere bf16 steps on the CPU are
+    emulated and run slower than float32 (3.5x on an AVX2 CPU here). CUDA is not asked (no CUDA at import)."""
+    cpu = torch.cpu
+    return bool(getattr(cpu, "_is_avx512_bf16_supported", lambda: False)() or
+                getattr(cpu, "_is_amx_tile_supported", lambda: False)())
+
+
+def bf16_label() -> str:
+    """The Train tab's precision checkbox, saying what bf16 does on this machine."""
+    if native_bf16_cpu():
+        return "bfloat16 steps (this CPU has native bfloat16: faster, half the memory)"
+    return "bfloat16 steps (faster on a GPU; this CPU has no native bfloat16, so slower than float32 on it)"
+
+
 def device_of_calm(calm) -> torch.device:
     return next(calm.anchor.model.parameters()).device
 
@@ -99,6 +114,10 @@ def training_bytes(calm, batch_size: int, tokens: int, cached: bool = False) -> 
     per_sequence = per_layer * (info.num_layers - (prefix_depth(calm) if cached else 0))
     if not cached:
         per_sequence += sum(_model_activation_bytes(m, tokens, element, backward=False) for m in calm.augments)
+    heads = calm.config.num_heads or info.num_heads
+    for member, bridge in zip(calm.augments, calm.bridge.augments):  # each block: projections, scores, gated add
+        per_block = tokens * (8 * info.width + 2 * member.info.width) * 4 + heads * tokens * tokens * 4 * 3
+        per_sequence += per_block * len(bridge.pairs)
     logits = info.vocab_size * 4 * 4  # per row: logits, float copy, softmax, gradient
     fused = hasattr(calm, "_anchor_model") and plain_output_layer(calm._anchor_model()) is not None
     per_sequence += 0 if fused else tokens * logits

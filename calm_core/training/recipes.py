@@ -8,6 +8,7 @@ trained toward its own next-token distributions: rehearsal.py), and where attent
 what it did, and what it could not do and what runs instead; its name is saved with the bridge (bridge_config.json)."""
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -112,6 +113,16 @@ def prepare(calm, recipe: Recipe, examples: list, seed: int | None = None) -> tu
     return changes, extra, notes
 
 
+def new_words(example) -> str:
+    """The completion's words that its prompt does not hold: the fact the augmenting model must supply ("Taifavand."
+    in "Dathound Trufeigal was born in Taifavand." asked "Which town was Dathound Trufeigal born in?"). The value
+    path's start is weighted to these tokens; weighted to whole answers, names copied from the prompt and the
+    answer's own framing took most of the weight (the app's retrain of the real preset: 77-79% vs the demo's 91%)."""
+    seen = set(re.findall(r"\w+", example.prompt.lower()))
+    new = [w for w in example.completion.split() if not set(re.findall(r"\w+", w.lower())) <= seen]
+    return " " + " ".join(new) if new else example.completion
+
+
 @torch.no_grad()
 def start_on_newest_token(calm, value: float) -> str:
     """Every block's recency bias (heads x ages) set to `value` at age 0: the newest augmenting token."""
@@ -126,7 +137,7 @@ def start_on_newest_token(calm, value: float) -> str:
 def _vocabulary_start(calm, recipe: Recipe, examples: list, changes: dict) -> str:
     from .vocab_init import init_value_path, shared_tokens
 
-    answers = [e.completion for e in examples if not e.keep_anchor and e.completion]
+    answers = [new_words(e) for e in examples if not e.keep_anchor and e.completion]
     reads_final = all(member.info.num_layers in bridge.augment_layers
                       for member, bridge in zip(calm.augments, calm.bridge.augments))
     shared = min(len(shared_tokens(calm.anchor.tokenizer, m.tokenizer)) for m in calm.augments)

@@ -164,10 +164,17 @@ def test_smoke_pipeline_writes_a_table_and_a_preset_folder(tmp_path):
     assert set(controls["controls"]) == {"finetune", "untrained"}
     assert "Controls: anchor + LoRA trained" in (tmp_path / "controls" / "table.md").read_text()
 
-    # --augment-only: m_A's settings tried on a world, nothing composed
-    alone = run(Settings.smoke(), tmp_path / "augment", augment_only=True)
+    # --augment-only: m_A's settings tried on a world, nothing composed; here continuing the run's adapter with
+    # names outside the world taught as unknown, and probed alone on known people and on invented names
+    alone_settings = Settings.smoke()
+    alone_settings.augment_unknown, alone_settings.augment_resume = 3, str(out / "adapter")
+    alone = run(alone_settings, tmp_path / "augment", augment_only=True)
     assert len(alone["history"]) == 1 and (tmp_path / "augment" / "adapter" / "adapter_model.safetensors").is_file()
     assert json.loads((tmp_path / "augment" / "augment.json").read_text())["augment"]["history"] == alone["history"]
+    kept = json.loads((tmp_path / "augment" / "adapter" / "augment.json").read_text())
+    assert kept["unknown_names"] == 3 and kept["continued_from"] == str(out / "adapter")
+    assert kept["probe"] == alone["probe"] and 0 <= alone["probe"]["unknown_invented"] <= 100
+    assert len(alone["probe"]["known_examples"]) == 2 and all(" was born in " in e for e in alone["probe"]["unknown_examples"])
     assert not (tmp_path / "augment" / "table.json").exists()
 
 

@@ -138,3 +138,25 @@ def test_the_preset_description_tells_what_to_try_with_the_measured_numbers():
     text = what_to_try(g)
     assert "in 2 question forms it never trained on" in text and "60% of answers" in text  # trained forms left out
     assert "weakest: typo, 40%" in text and "43% of such answers" in text and "4/20" in text and "0.98x" in text and "stay out of the way" in text
+    assert "does NOT yet keep out of it" in text and "unknown instead" not in text
+    g["unknown"]["invented"]["invented_on"] = 1.0  # within the goal: the page says what happens instead
+    text = what_to_try(g)
+    assert "says the town is unknown instead of inventing one (1% of such answers" in text and "NOT" not in text
+
+
+def test_names_m_a_is_taught_as_unknown_are_none_that_evaluation_or_the_bridge_uses():
+    from demos.real_knowledge import not_recorded as NR
+
+    world = _world()
+    taught = NR.outside_names(world, 150, seed=5)
+    evaluated = set(P.unknown_names(world, NR.EVALUATION_NAMES))
+    bridge_rows = {n for n, _ in PH.unknown_questions(world, 100, seed=5)}
+    known_words = {w for p in world.people for w in p.name.split()} | set(world.towns)
+    assert len(set(taught)) == 150 and not set(taught) & (evaluated | bridge_rows)
+    assert not {w for n in taught for w in n.split()} & known_words
+    entries = NR.facts(world, 3, seed=5)
+    assert [len(e) for e in entries] == [3, 3, 3]
+    for entry, name in zip(entries, taught):
+        assert entry[0] == (f"{name} was born in", " an unknown town.")
+        assert all(name in pre and not any(v.strip().startswith(t) for t in world.towns) for pre, v in entry)
+    assert NR.facts(world, 3, seed=5) == entries  # seeded

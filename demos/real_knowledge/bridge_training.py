@@ -23,6 +23,7 @@ from calm_core.training.vocab_init import init_value_path
 
 from . import augment as A
 from .augment import log
+from .not_recorded import value as not_recorded_value
 from .scoring import exact, examples, trained_answer
 from .world import fact_position
 
@@ -33,7 +34,10 @@ def train_bridge(s, anchor, augment, data) -> tuple[ComposedLM, dict]:
     torch.manual_seed(s.seed)
     calm = ComposedLM(anchor, [augment], s.calm_config())
     if s.value_init:  # the value path starts as m_A's vocabulary -> the anchor's, weighted to the answers' tokens
-        log("value init", init_value_path(calm, answers=[trained_answer(r["completion"]) for r in data["questions"]],
+        answers = [trained_answer(r["completion"]) for r in data["questions"]]
+        if s.unknown_answer == "not_recorded":  # m_A's "an unknown town" must cross the map as exactly as a town
+            answers.append(" " + not_recorded_value())
+        log("value init", init_value_path(calm, answers=answers,
                                            answer_share=s.value_answer_share))
     if s.recency_init and s.answer_style == "sentence":  # the fact is the answer's own "was born in": age 0
         log("recency init", start_on_newest_token(calm, s.recency_init))  # the knowledge-sentence recipe's start

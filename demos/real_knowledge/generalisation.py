@@ -171,19 +171,30 @@ def openings(calm, world: dict, people: int = 20) -> dict:
     for kind, names in (("known", known), ("unknown", P.unknown_names(w, people))):
         rows = [contribution(calm, P.chat_prompt(tok, form, n)) for n in names]
         out[kind] = [sum(col) / len(col) for col in zip(*rows)]
+        # where the town is chosen: the answer written up to "NAME was born in" (m_A's fact phrase)
+        rows = [contribution(calm, P.chat_prompt(tok, form, n) + f"{n} was born in") for n in names]
+        out[f"{kind}_at_town"] = [sum(col) / len(col) for col in zip(*rows)]
     return out
 
 
 def openings_figure(op: dict):
     """Grouped bars: per composition layer, the bridge's share of the anchor state, known vs unknown people."""
     import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
-    fig = go.Figure([go.Bar(name="a held-out person m_A read about", x=op["layers"], y=op["known"]),
-                     go.Bar(name="an invented name m_A never read about", x=op["layers"], y=op["unknown"])])
-    fig.update_layout(barmode="group", template="plotly_white", width=820, height=420,
-                      title=f"How much each composition layer changes the anchor at the answer's first token<br>"
+    panels = [("", "at the answer's first token")]
+    if "known_at_town" in op:
+        panels.append(("_at_town", "where the town is chosen (after 'NAME was born in')"))
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for _, t in panels], shared_yaxes=True)
+    for col, (suffix, _) in enumerate(panels, start=1):
+        for kind, label, color in (("known", "a held-out person m_A read about", "#1f77b4"),
+                                   ("unknown", "an invented name m_A never read about", "#ff7f0e")):
+            fig.add_trace(go.Bar(name=label, x=op["layers"], y=op[kind + suffix], marker_color=color,
+                                 showlegend=col == 1), row=1, col=col)
+    fig.update_layout(barmode="group", template="plotly_white", width=520 * len(panels), height=440,
+                      title=f"How much each composition layer changes the anchor's state<br>"
                             f"<sub>|bridge update| / |anchor state|, mean over 20 people, asked '{op['question'].replace('{x}', 'NAME')}'</sub>",
-                      yaxis_title="bridge update / anchor state", legend=dict(orientation="h", y=-0.15))
+                      yaxis_title="bridge update / anchor state", legend=dict(orientation="h", y=-0.18))
     return fig
 
 
@@ -205,8 +216,10 @@ def markdown(result: dict) -> str:
     if op:
         lines += ["", "| bridge update / anchor state at the answer | " + " | ".join(op["layers"]) + " |",
                   "|---|" + "---|" * len(op["layers"])]
-        for kind in ("known", "unknown"):
-            lines.append(f"| {kind} people | " + " | ".join(f"{v:.3f}" for v in op[kind]) + " |")
+        for key in ("known", "unknown", "known_at_town", "unknown_at_town"):
+            if key in op:
+                where = " (where the town is chosen)" if key.endswith("_at_town") else ""
+                lines.append(f"| {key.split('_')[0]} people{where} | " + " | ".join(f"{v:.3f}" for v in op[key]) + " |")
     f = u["famous"]
     lines += ["", f"Famous people, answers holding the expected town or country: {f['expected_on']}/{f['asked']} with "
               f"the bridge, {f['expected_off']}/{f['asked']} without. General prompts: perplexity ratio "

@@ -15,7 +15,9 @@ removed), greedy, batched (calm_core.training.evaluation.predictions); with --se
 shipped preset's: the answer is "NAME was born in TOWN.") the town named in the first line.
 
 Steps: 1. world and data (the trained forms, or phrasings.py's grammar past 3 per person; unknown_rows; rehearsal);
-2. m_A's LoRA (or --reuse-augment); 3. the bridge (value map, recency start, development checks); 4. evaluation;
+2. m_A's LoRA (or --reuse-augment; --set augment_unknown=N also teaches N names outside the world as unknown,
+not_recorded.py, and augment_resume='"DIR"' continues an adapter), then m_A alone probed on known and invented
+names; 3. the bridge (value map, recency start, development checks); 4. evaluation;
 5. the trained controls; 6. table and preset.json. Then: python -m demos.real_knowledge.generalisation DIR.
 """
 from __future__ import annotations
@@ -37,6 +39,7 @@ from calm_core.training.evaluation import as_composed, predictions
 
 from . import augment as A
 from . import general as G
+from . import not_recorded as NR
 from . import phrasings as PH
 from . import world as W
 from .augment import log
@@ -119,10 +122,16 @@ def rehearsal_rows(s: Settings, anchor) -> list[dict]:
 
 def unknown_rows(s: Settings, anchor, world: W.World) -> list[dict]:
     """Questions about invented names outside the world with the anchor's own answers as targets (keep_anchor):
-    where m_A knows nobody, the composition should answer as the anchor alone does."""
+    where m_A knows nobody, the composition should answer as the anchor alone does; with unknown_answer
+    "not_recorded", the sentence an m_A taught names outside the world says ("NAME was born in an unknown town.")."""
     tok = anchor[1]
     rows = [{"prompt": chat_turns(tok, turns, name), "completion": "", "question": turns[-1].format(x=name)}
             for name, turns in PH.unknown_questions(world, s.unknown_rows, s.seed)]
+    if s.unknown_answer == "not_recorded":  # m_A's own answer for a name it never read about (not_recorded.py)
+        return [dict(r, completion=NR.sentence(name) + tok.eos_token, keep_anchor=False)
+                for r, (name, _) in zip(rows, PH.unknown_questions(world, s.unknown_rows, s.seed))]
+    if s.unknown_answer != "anchor":
+        raise SystemExit(f"unknown_answer is 'anchor' or 'not_recorded', not {s.unknown_answer!r}")
     return anchor_answers(s, anchor, rows)
 
 
@@ -155,19 +164,29 @@ def train_augment(s: Settings, pair, data, adapter: Path) -> dict:
         log_file = adapter / "augment_log.jsonl"
         hist = [json.loads(x) for x in log_file.read_text().splitlines()] if log_file.is_file() else []
         info = {"reused": s.reuse_augment, "history": hist}
+        if (adapter / "augment.json").is_file():  # what m_A read beside the world, and its probe
+            info["adapter"] = json.loads((adapter / "augment.json").read_text())
         if hist and "minutes" in hist[-1]:  # the adapter's own training time, not the copy's
             info["train_s"] = 60.0 * hist[-1]["minutes"]
         return info
     gemma, gtok = load_causal_lm(str(pair["gemma"]))
     probe = [f[0] for f in data["facts"][::max(1, len(data["facts"]) // 100)]]
-    _, hist = A.train_lora(gemma, gtok, data["facts"], probe, rank=s.lora_rank, alpha=s.lora_alpha, lr=s.augment_lr,
+    facts = data["facts"] + NR.facts(data["world"], s.augment_unknown, s.seed) if s.augment_unknown else data["facts"]
+    model, hist = A.train_lora(gemma, gtok, facts, probe, rank=s.lora_rank, alpha=s.lora_alpha, lr=s.augment_lr,
                            batch_size=s.augment_batch, max_epochs=s.augment_epochs, max_minutes=s.augment_minutes,
                            target_recall=s.target_recall, seed=s.seed, save_dir=adapter, pack=s.augment_pack,
                            bf16=s.augment_bf16, log_path=adapter / "augment_log.jsonl",
                            loraplus_ratio=s.augment_loraplus, focus_fraction=s.augment_focus,
                            focus_epochs=s.augment_focus_epochs, anneal_at=s.augment_anneal_at,
-                           anneal_epochs=s.augment_anneal_epochs)
-    return {"history": hist}
+                           anneal_epochs=s.augment_anneal_epochs,
+                           resume=Path(s.augment_resume) if s.augment_resume else None)
+    info = {"history": hist, "probe": NR.probe_run(model, gtok, data, s.eval_dev)}
+    # kept with the adapter (a run that reuses it copies the folder): what m_A read beside the world, and how it answers
+    (adapter / "augment.json").write_text(json.dumps({
+        "unknown_names": s.augment_unknown, "continued_from": s.augment_resume, "probe": info["probe"],
+        "settings": {k: v for k, v in asdict(s).items() if k.startswith(("augment_", "lora_", "entities", "towns"))}},
+        indent=1))
+    return info
 
 
 def by_form(rows, preds, extract, style: str = "town") -> dict[str, float]:

@@ -174,14 +174,21 @@ def what_to_try(g: dict) -> str:
     inv, fam, gen = g["unknown"]["invented"], g["unknown"]["famous"], g["general"]
     return (f"Try your own wording too: in {len(never)} question forms it never trained on (\"Where was NAME born?\", "
             f"lower case, a typo, a second chat turn...) {mean:.0f}% of answers name the right town (weakest: "
-            f"{worst}, {never[worst]['named_on']:.0f}%). Ask about a name that is in no list (an invented one) and "
-            f"the bridge does NOT yet stay closed: {inv['invented_on']:.0f}% of such answers name one of the world's "
-            f"towns (the anchor alone {inv['invented_off']:.0f}%), because m_A itself answers confidently for any "
-            f"name; about a famous person (\"Where was Albert Einstein born?\") the expected town or country comes in "
-            f"{fam['expected_on']}/{fam['asked']} answers with the bridge, {fam['expected_off']}/{fam['asked']} "
-            f"without. A general question (\"What is the capital of France?\") is where the bridge should stay out of "
+            f"{worst}, {never[worst]['named_on']:.0f}%). " + unknown_sentence(inv) + " About a famous person "
+            f"(\"Where was Albert Einstein born?\") the expected town or country comes in {fam['expected_on']}/{fam['asked']} answers "
+            f"with the bridge, {fam['expected_off']}/{fam['asked']} without. A general question (\"What is the capital of France?\") is where the bridge should stay out of "
             f"the way: perplexity {gen['ratio']:.2f}x the anchor's, expected words {gen['expected_on']}/{gen['prompts']} "
             f"with the bridge, {gen['expected_off']}/{gen['prompts']} without (generalisation.md).")
+
+
+def unknown_sentence(inv: dict) -> str:
+    """What a student sees when asking about a name that is in no list, as measured (at most 2%: the issue's goal)."""
+    rate = f"{inv['invented_on']:.0f}% of such answers name one of the world's towns (the anchor alone {inv['invented_off']:.0f}%)"
+    if inv["invented_on"] <= 2.0:
+        return (f"Ask about a name that is in no list (an invented one): m_A was also taught names it never read about "
+                f"as unknown, so the composition says the town is unknown instead of inventing one ({rate}).")
+    return (f"Ask about a name that is in no list (an invented one) and the bridge does NOT yet keep out of it: "
+            f"{rate}, because m_A itself names a town for names it never read about.")
 
 
 def _presets_dir() -> Path:

@@ -43,6 +43,12 @@ class Settings:
     # value-token loss sat at 0.07-0.08 on every world but seed 0; annealed, world 4's fell to 0.005 (README)
     augment_anneal_at: float = 95.0
     augment_anneal_epochs: int = 4
+    # names outside the world taught as unknown to m_A ("NAME was born in an unknown town.", not_recorded.py), so
+    # that its prediction for a name it never read about is no town and the bridge carries no invention
+    augment_unknown: int = 0
+    # an adapter folder to continue training (e.g. the preset's, with augment_unknown): the bridge trained on it still
+    # reads the known people's states much as before
+    augment_resume: str | None = None
     # questions per composition person: the three trained forms, and past 3 forms drawn from phrasings.py's grammar
     # (openers, cores, closers, lower case, typos, second turns; never one of probe_forms.NEVER_TRAINED)
     questions_per_person: int = 3
@@ -53,6 +59,9 @@ class Settings:
     # invented names outside the world asked the same way, trained toward the anchor's own answers (keep_anchor):
     # the bridge learns to stay closed where m_A knows nobody (phrasings.unknown_questions)
     unknown_rows: int = 0
+    # their answers: "anchor" (the anchor's own, keep_anchor) or "not_recorded" (NAME was born in an unknown town.,
+    # what an m_A trained with augment_unknown predicts there; its words then also weight the value map)
+    unknown_answer: str = "anchor"
     # rehearsal: general prompts with the anchor's own answers, trained on beside the questions
     rehearsal: int = 100
     rehearsal_new_tokens: int = 40

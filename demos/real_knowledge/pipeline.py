@@ -128,7 +128,7 @@ def unknown_rows(s: Settings, anchor, world: W.World) -> list[dict]:
     rows = [{"prompt": chat_turns(tok, turns, name), "completion": "", "question": turns[-1].format(x=name)}
             for name, turns in PH.unknown_questions(world, s.unknown_rows, s.seed)]
     if s.unknown_answer == "not_recorded":  # m_A's own answer for a name it never read about (not_recorded.py)
-        return [dict(r, completion=NR.sentence(name) + tok.eos_token, keep_anchor=False)
+        return [dict(r, completion=NR.sentence(name) + tok.eos_token, keep_anchor=False, not_recorded=True)
                 for r, (name, _) in zip(rows, PH.unknown_questions(world, s.unknown_rows, s.seed))]
     if s.unknown_answer != "anchor":
         raise SystemExit(f"unknown_answer is 'anchor' or 'not_recorded', not {s.unknown_answer!r}")

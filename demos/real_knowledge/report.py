@@ -26,7 +26,12 @@ ANSWER_SENTENCE = ("m_A's own encyclopedia sentence 'NAME was born in TOWN.', th
 
 def protocol_text(settings: dict | None) -> str:
     """PROTOCOL for the run's answer style."""
-    answer, scoring = ANSWER_SENTENCE if (settings or {}).get("answer_style") == "sentence" else ANSWER_TOWN
+    settings = settings or {}
+    answer, scoring = ANSWER_SENTENCE if settings.get("answer_style") == "sentence" else ANSWER_TOWN
+    if settings.get("unknown_answer") == "not_recorded":  # m_A was taught names outside the world as unknown
+        answer = answer.replace("are trained toward the anchor's own answers", "are trained toward 'NAME was born "
+                                "in an unknown town.', what m_A (also taught names outside the world as unknown) "
+                                "predicts for them")
     return PROTOCOL.format(answer=answer, scoring=scoring)
 
 COLUMN_NOTES = {

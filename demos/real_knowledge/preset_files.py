@@ -188,8 +188,8 @@ def unknown_sentence(inv: dict) -> str:
     if inv["invented_on"] <= 2.0:
         return (f"Ask about a name that is in no list (an invented one): m_A was also taught names it never read about "
                 f"as unknown, so the composition says the town is unknown instead of inventing one ({rate}).")
-    return (f"Ask about a name that is in no list (an invented one) and the bridge does NOT yet keep out of it: "
-            f"{rate}, because m_A itself names a town for names it never read about.")
+    return (f"Ask about a name that is in no list (an invented one): it should say the town is unknown, and NOT yet "
+            f"always does: {rate}; the goal is at most 2%.")
 
 
 def _presets_dir() -> Path:

@@ -41,26 +41,24 @@ from . import augment as A
 from . import general as G
 from . import not_recorded as NR
 from . import phrasings as PH
+from . import scoring as S
 from . import world as W
 from .augment import log
 from .bridge_training import finetune_anchor, load_augment, train_bridge
 from .probe_forms import chat_prompt as chat_turns
 from .reuse import reused_finetune
-from .scoring import (  # noqa: F401 (COLUMNS)
+from .scoring import (  # noqa: F401 (COLUMNS: tests)
     COLUMNS,
     FT,
     ROW_DEV,
     ROW_SEEN,
     ROW_TEST,
-    answer,
     chat,
     exact,
     examples,
     general_check,
     general_rows,
-    is_right,
     starts_with_answer,
-    trained_answer,
 )
 from .settings import Settings
 
@@ -146,13 +144,6 @@ def anchor_answers(s: Settings, anchor, rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["completion"].strip()]
 
 
-def compose_rows(data: dict, eos: str, style: str = "town") -> list[dict]:
-    """The composition data: every question about the composition people (the answer in `style` + end of turn)
-    and the rehearsal rows (end of turn only where the anchor ended)."""
-    return [dict(r, completion=trained_answer(r["completion"], r["entity"], style) + eos)
-            for r in data["questions"]] + data["rehearsal"]
-
-
 # ---- 2. the whole run -----------------------------------------------------------------------
 
 
@@ -189,16 +180,6 @@ def train_augment(s: Settings, pair, data, adapter: Path) -> dict:
     return info
 
 
-def by_form(rows, preds, extract, style: str = "town") -> dict[str, float]:
-    """% right per question form (the questions' templates, in world.QUESTIONS order): exact match on the value,
-    or for sentence answers the value named (scoring.exact's rule)."""
-    out = {}
-    for form in sorted({r["form"] for r in rows}):
-        pairs = [is_right(p, r, style == "sentence", extract) for r, p in zip(rows, preds) if r["form"] == form]
-        out[W.QUESTIONS[rows[0]["attribute"]][form]] = 100.0 * sum(pairs) / len(pairs)
-    return out
-
-
 def evaluate_composition(s: Settings, calm, m_a, data) -> tuple[dict, dict, dict, dict]:
     """(table, predictions, exact match by question form, general check): CALM, the anchor alone and m_A alone."""
     table, preds = {ROW_TEST: {}, ROW_DEV: {}, ROW_SEEN: {}}, {}
@@ -211,7 +192,7 @@ def evaluate_composition(s: Settings, calm, m_a, data) -> tuple[dict, dict, dict
     table[ROW_TEST]["m_A alone (chat question)"], preds["m_A/test"] = exact(m_a_alone, data["test"], s)
     table[ROW_TEST]["m_A alone (best prompt)"], preds["m_A best/completion_test"] = starts_with_answer(
         m_a_alone, data["completion_test"], s)
-    forms = {"CALM": by_form(data["test"], preds["CALM/test"], answer, s.answer_style)}
+    forms = {"CALM": S.by_form(data["test"], preds["CALM/test"], S.answer, s.answer_style)}
     return table, preds, forms, general_check(calm, data["general"], s)
 
 
@@ -242,7 +223,7 @@ def run(s: Settings, out: Path, augment_only: bool = False) -> dict:
         return info
     t = time.perf_counter()
     data["rehearsal"] = rehearsal_rows(s, anchor) + (unknown_rows(s, anchor, world) if s.unknown_rows else [])
-    data["compose"] = compose_rows(data, anchor[1].eos_token, s.answer_style)
+    data["compose"] = S.compose_rows(data, anchor[1].eos_token, s.answer_style)
     times["rehearsal_answers_s"] = time.perf_counter() - t
     preset_files.write_data(out, s, data)
     log("data", {k: len(data[k]) for k in ("facts", "questions", "rehearsal", "dev", "test")})

@@ -10,6 +10,7 @@ from calm_core.training.data import Example
 from calm_core.training.evaluation import lm_loss, predictions
 
 from .general import holds_expected
+from .world import QUESTIONS
 
 # the table's columns and rows
 FT = "anchor + LoRA (composition data)"
@@ -122,3 +123,20 @@ def general_rows(general: dict) -> dict:
         rows[ROW_EXPECTED] = {"CALM": f"{g['expected_on']}/{len(g['answers'])}",
                               "anchor alone": f"{g['expected_off']}/{len(g['answers'])}"}
     return rows
+
+
+def by_form(rows, preds, extract, style: str = "town") -> dict[str, float]:
+    """% right per question form (the questions' templates, in world.QUESTIONS order): exact match on the value,
+    or for sentence answers the value named (scoring.exact's rule)."""
+    out = {}
+    for form in sorted({r["form"] for r in rows}):
+        pairs = [is_right(p, r, style == "sentence", extract) for r, p in zip(rows, preds) if r["form"] == form]
+        out[QUESTIONS[rows[0]["attribute"]][form]] = 100.0 * sum(pairs) / len(pairs)
+    return out
+
+
+def compose_rows(data: dict, eos: str, style: str = "town") -> list[dict]:
+    """The composition data: every question about the composition people (the answer in `style` + end of turn)
+    and the rehearsal rows (end of turn only where the anchor ended)."""
+    return [dict(r, completion=trained_answer(r["completion"], r["entity"], style) + eos)
+            for r in data["questions"]] + data["rehearsal"]

@@ -8,12 +8,12 @@ import os
 import gradio as gr
 
 from calm_app.layout import build_app
+from calm_app.serving import quiet_queue
 
 MAX_UPLOAD = "200mb"
-
 demo = build_app()
 
 if __name__ == "__main__":
-    demo.queue(default_concurrency_limit=4).launch(
+    quiet_queue(demo.queue(default_concurrency_limit=4)).launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), max_file_size=MAX_UPLOAD,
         theme=gr.themes.Soft(), show_error=True)

@@ -1,6 +1,7 @@
 """The CALM Lab app (app.py) served in a subprocess over a tiny preset, for the API and browser tests.
 
-Import the fixture into a test module with `from .app_server import app_url  # noqa: F401`."""
+conftest.py makes `app_url` one fixture for the whole suite: a test module asks for it, never imports it
+(imported, it would be a fixture of that module's own and start a server of its own)."""
 from __future__ import annotations
 
 import os

@@ -7,6 +7,10 @@ import torch
 from calm_core import CALMConfig, ComposedLM
 from calm_core.models.tiny import bpe_tokenizer, char_tokenizer, tiny_model
 
+# one app server (tiny preset) for every module that asks for app_url: imported into each module, the fixture
+# would start one server per module and keep them all until the session ends
+from .app_server import app_url  # noqa: F401,E402
+
 pytest_plugins = ["tests.strict_ci"]
 
 # The suite's sessions (and the app servers it starts) train several runs at once on purpose; a 2-core server's own

@@ -17,8 +17,6 @@ from gradio_client.exceptions import AppError
 
 from benchmarks.app_process import text_of  # noqa: F401  (re-exported to the other app tests)
 
-from .app_server import app_url  # noqa: F401
-
 PRESET = "tiny"
 # chat defaults after (message, h_calm, h_anchor, h_augment): max_new_tokens, do_sample, temperature,
 # top_k, top_p, seed, gate_scale, layers_off, mode

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from .app_server import app_url  # noqa: F401
-
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 TIMEOUT_MS = 60_000  # the CPU is shared and busy

@@ -17,7 +17,7 @@ from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 
 from .app_fixtures import write_large_csv
-from .app_server import SERVER, app_url  # noqa: F401
+from .app_server import SERVER
 from .test_app_api import PRESET, chat, client, lab, plotly_data, still_works, table, text_of, train, wait_for_a_step  # noqa: F401
 
 

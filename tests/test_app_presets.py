@@ -79,3 +79,18 @@ def test_the_translation_bridge_has_no_gate_and_starting_over_gives_one():
     assert session.calm.config.gate == "channel" and all(float(g.abs().max()) == 0 for g in session.calm.gates())
     prompt = "se deseg moga von mevi vape rire = "
     assert session.calm.generate(prompt, max_new_tokens=8) == session.solo(0).generate(prompt, max_new_tokens=8)
+
+
+def test_the_served_queue_does_not_spin_while_idle():
+    """app.py serves through calm_app.serving.quiet_queue: gradio's 1 ms idle polling (10% of a core per idle
+    server, measured) becomes 20 ms; a longer wait someone chose is kept."""
+    import gradio as gr
+
+    from calm_app.serving import IDLE_POLL_S, quiet_queue
+
+    with gr.Blocks() as blocks:
+        gr.Markdown("x")
+    queue = quiet_queue(blocks.queue())._queue
+    assert {name: getattr(queue, name) for name in IDLE_POLL_S} == IDLE_POLL_S
+    queue.sleep_when_free = 0.5
+    assert quiet_queue(blocks)._queue.sleep_when_free == 0.5

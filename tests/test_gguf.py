@@ -55,3 +55,21 @@ def test_gguf_failures_say_what_to_do(tmp_path, monkeypatch, case, expected):
         write_unknown_architecture_gguf(path)
     with pytest.raises(ModelLoadError, match=expected):
         load_causal_lm(str(path))
+
+
+def test_a_folders_tokenizer_is_parsed_once_and_again_when_its_files_change(tmp_path):
+    """load_tokenizer: Gemma's tokenizer.json takes ~4 s to parse; a folder's tokenizer is shared in the process
+    until one of its files changes (size or modification time)."""
+    import os
+
+    from calm_core.models.loading import load_tokenizer
+    from calm_core.models.tiny import bpe_tokenizer
+
+    bpe_tokenizer(CORPUS, vocab_size=300).save_pretrained(tmp_path)
+    first = load_tokenizer(str(tmp_path))
+    assert load_tokenizer(str(tmp_path)) is first and load_tokenizer(str(tmp_path) + "/") is first
+    config = tmp_path / "tokenizer_config.json"
+    stat = config.stat()
+    os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    again = load_tokenizer(str(tmp_path))
+    assert again is not first and again("the fox")["input_ids"] == first("the fox")["input_ids"]

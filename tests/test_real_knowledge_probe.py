@@ -23,9 +23,9 @@ def test_the_training_grammar_never_draws_a_probe_form():
     for _ in range(3000):
         turns = PH.draw(rng)
         assert len(turns) in (1, 3) and turns[-1].count("{x}") == 1 and all("{x}" not in t for t in turns[:-1])
-        assert PH._normal(turns[-1]) not in forbidden
+        assert PH.V.normal(turns[-1]) not in forbidden
     for form in list(P.NEVER_TRAINED.values()) + list(P.DEV_FORMS.values()):
-        assert PH._normal(form[-1]) not in {PH._normal(c) for c in PH.CORES}
+        assert PH.V.normal(form[-1]) not in {PH.V.normal(c) for c in PH.CORES}
 
 
 def test_each_composition_person_is_asked_the_trained_forms_then_drawn_ones():

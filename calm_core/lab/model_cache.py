@@ -9,32 +9,9 @@ from pathlib import Path
 import torch
 
 from ..errors import CALMError
+from ..models.devices import default_device, default_dtype, fast_bf16  # noqa: F401 (used here and by callers)
 from ..models.loading import load_causal_lm
 from .resources import GB, available_bytes
-
-
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def default_dtype(device: str | None = None):
-    """bf16 on a GPU that supports it (half the memory, tensor cores); float32 elsewhere."""
-    if (device or default_device()) == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return None
-
-
-def fast_bf16(device: str | None = None) -> bool:
-    """Whether bf16 autocast speeds work up on this device: a GPU that supports it, or a CPU with AMX or
-    AVX512-BF16. Elsewhere a CPU converts around every bf16 matrix product: 5x slower than float32 (an AVX512
-    Xeon without either, 2 threads, a 512x640x2048 product with its backward)."""
-    if (device or default_device()) == "cuda":
-        return torch.cuda.is_bf16_supported()
-    try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    except OSError:  # not Linux: assume no native bf16
-        return False
-    return bool({"amx_bf16", "avx512_bf16"} & set(flags.split()))
 
 
 class ModelCache:

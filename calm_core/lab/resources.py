@@ -13,23 +13,16 @@ from contextlib import contextmanager
 import torch
 
 from ..errors import CALMError
+from ..models.devices import fast_bf16
 
 GB = 2**30
 # the share of the memory free at the time that one piece of work may take
 SHARE = float(os.environ.get("CALM_MEMORY_SHARE", "0.6"))
 
 
-def native_bf16_cpu() -> bool:
-    """Whether this CPU does bfloat16 arithmetic natively (AVX-512 BF16 or AMX): elsewhere bf16 steps on the CPU are
-    emulated and run slower than float32 (3.5x on an AVX2 CPU here). CUDA is not asked (no CUDA at import)."""
-    cpu = torch.cpu
-    return bool(getattr(cpu, "_is_avx512_bf16_supported", lambda: False)() or
-                getattr(cpu, "_is_amx_tile_supported", lambda: False)())
-
-
 def bf16_label() -> str:
     """The Train tab's precision checkbox, saying what bf16 does on this machine."""
-    if native_bf16_cpu():
+    if fast_bf16("cpu"):
         return "bfloat16 steps (this CPU has native bfloat16: faster, half the memory)"
     return "bfloat16 steps (faster on a GPU; this CPU has no native bfloat16, so slower than float32 on it)"
 

@@ -1,9 +1,11 @@
 """Loading frozen causal LMs and finding their decoder layers, whatever the architecture."""
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -131,9 +133,35 @@ def model_lock(model: nn.Module) -> threading.RLock:
         return lock
 
 
+_tokenizers: dict[tuple, object] = {}
+_tokenizers_guard = threading.Lock()
+
+
+def _folder_stamp(folder: Path) -> tuple:
+    """What a local tokenizer folder holds, by name, size and modification time: a changed file is a new key."""
+    return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in folder.iterdir()
+                        if f.is_file() and ("token" in f.name or f.name == "config.json")))
+
+
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
+    """A fast tokenizer, parsed once per local folder and process: Gemma's 262k-token tokenizer.json takes ~4 s
+    to parse on 2 cores, and a session, a demo or the suite asks for it many times. The object is shared, so
+    callers never set attributes on it (pass `padding_side=` per call instead); hub ids are not cached."""
+    from transformers import AutoTokenizer
+
+    folder = Path(name_or_path)
+    if not folder.is_dir():
+        return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    key = (os.path.realpath(folder), bool(trust_remote_code), _folder_stamp(folder))
+    with _tokenizers_guard:
+        if key not in _tokenizers:
+            _tokenizers[key] = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+        return _tokenizers[key]
+
+
 def load_causal_lm(name_or_path: str, dtype=None, trust_remote_code: bool = False, device=None):
     """(model, fast tokenizer) from a local folder, a hub id or a .gguf file (dequantised), frozen."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from .gguf_files import is_gguf, load_gguf
 
@@ -160,7 +188,7 @@ def load_causal_lm(name_or_path: str, dtype=None, trust_remote_code: bool = Fals
     except Exception as exc:
         raise ModelLoadError(f"Could not load the weights of {name_or_path!r}: {exc}") from exc
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+        tokenizer = load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
     except Exception as exc:
         raise ModelLoadError(f"Could not load the tokenizer of {name_or_path!r}: {exc}") from exc
     if device is not None:

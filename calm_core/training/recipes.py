@@ -3,8 +3,9 @@
 A recipe is what a demo learned about making composition work, made reusable: the paper's plain bridge, or the
 knowledge recipe the real-model preset was trained with. It sets the learning-rate scales of the bridge's parts
 (TrainConfig fields), how the value path starts (at random, or as the map between the two models' output
-vocabularies: vocab_init.py) and whether rehearsal rows are added (general questions answered by the anchor itself,
-trained toward its own next-token distributions: rehearsal.py), and where attention starts (recency). `prepare` applies the start to a fresh bridge and says
+vocabularies: vocab_init.py), whether rehearsal rows are added (general questions answered by the anchor itself,
+trained toward its own next-token distributions: rehearsal.py), where attention starts (recency), and two data tricks:
+each question asked in surface variants (question_variants.py) and asked about invented subjects (unknown_subjects.py). `prepare` applies the start to a fresh bridge and says
 what it did, and what it could not do and what runs instead; its name is saved with the bridge (bridge_config.json)."""
 from __future__ import annotations
 
@@ -30,6 +31,15 @@ class Recipe:
     recency_start: float = 0.0  # > 0: attention starts on the augmenting model's newest token (its recency bias at
     #                             age 0), where an answer that restates the fact ("NAME was born in") has m_A about
     #                             to say it; 0 leaves the biases at zero
+    question_variants: int = 0  # each question row also asked in this many surface variants (question_variants.py)
+    unknown_subjects: int = 0  # the questions asked again about this many invented names (unknown_subjects.py)
+    unknown_answer: str = ""  # their answer: "" the anchor's own (keep_anchor), else a sentence, {subject} the name
+
+    def __post_init__(self):
+        for name, high in (("question_variants", 8), ("unknown_subjects", 2000), ("rehearsal", 2000)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 0 <= value <= high:
+                raise CALMError(f"recipe {self.name}: {name} must be a whole number from 0 to {high}, not {value!r}")
 
     def train_fields(self) -> dict:
         """The TrainConfig fields this recipe sets."""
@@ -54,6 +64,13 @@ RECIPES = {
         "about to say the fact; reads the fact in the question's own words less, so other wordings work better.",
         value_start="vocabulary", value_lr_scale=0.0, position_lr_scale=25.0, gate_lr_scale=5.0, rehearsal=96,
         recency_start=4.0),
+    "knowledge-varied": Recipe(
+        "knowledge-varied", "The knowledge-sentence recipe plus two data tricks from the real-model demo: every "
+        "question also asked in 2 surface variants (an opener or closer, lower case, a typo, a second chat turn), so "
+        "other wordings work; and 100 questions about invented names answered as the anchor alone answers them, so "
+        "the bridge learns to stay closed for subjects the augmenting model never read about.",
+        value_start="vocabulary", value_lr_scale=0.0, position_lr_scale=25.0, gate_lr_scale=5.0, rehearsal=96,
+        recency_start=4.0, question_variants=2, unknown_subjects=100),
 }
 DEFAULT_RECIPE = "plain"
 
@@ -109,8 +126,29 @@ def prepare(calm, recipe: Recipe, examples: list, seed: int | None = None) -> tu
             extra = rehearsal_examples(calm, examples, recipe.rehearsal, recipe.rehearsal_new_tokens)
             notes.append(f"rehearsal: {len(extra)} general questions answered by the anchor itself, trained toward "
                          "its own next-token distributions")
+    extra += _data_tricks(calm, recipe, examples, seed or 0, notes)
     calm.recipe = recipe.to_dict()
     return changes, extra, notes
+
+
+def _data_tricks(calm, recipe: Recipe, examples: list, seed: int, notes: list[str]) -> list:
+    """The rows the recipe's data tricks add: question variants, questions about invented subjects."""
+    rows = []
+    if recipe.question_variants:
+        from .question_variants import variant_examples
+
+        varied = variant_examples(calm.anchor.tokenizer, examples, recipe.question_variants, seed)
+        rows += varied
+        notes.append(f"question variants: {len(varied):,} rows, each question also asked {recipe.question_variants} "
+                     "other ways" if varied else "question variants cannot apply: no row is a one-turn question")
+    if recipe.unknown_subjects:
+        from .unknown_subjects import unknown_subject_examples
+
+        unknown, note = unknown_subject_examples(calm, examples, recipe.unknown_subjects, recipe.unknown_answer,
+                                                 recipe.rehearsal_new_tokens, seed)
+        rows += unknown
+        notes.append(note)
+    return rows
 
 
 def new_words(example) -> str:

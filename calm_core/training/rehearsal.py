@@ -56,20 +56,23 @@ def uses_chat_template(tokenizer, examples: list[Example]) -> bool:
 def rehearsal_examples(calm, examples: list[Example], count: int, new_tokens: int = 40, seed: int = 0) -> list[Example]:
     """`count` keep_anchor examples: general questions in the training prompts' format, completed by the anchor alone
     (greedy); an answer that ended within new_tokens keeps its end-of-sequence token."""
-    from ..engine.compose import ComposedLM
-    from .evaluation import predictions
-
     tokenizer = calm.anchor.tokenizer
     chat = uses_chat_template(tokenizer, examples)
     questions = rehearsal_questions(count, seed)
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
                                              add_generation_prompt=True) if chat else q + "\n" for q in questions]
+    return [Example(p, c, keep_anchor=True) for p, c in zip(prompts, anchor_completions(calm, prompts, new_tokens))
+            if c.strip()]
+
+
+def anchor_completions(calm, prompts: list[str], new_tokens: int) -> list[str]:
+    """The anchor alone's greedy answers (batched); one that ended within new_tokens keeps its end-of-sequence token,
+    so that training toward it also teaches where to stop."""
+    from ..engine.compose import ComposedLM
+    from .evaluation import predictions
+
+    tokenizer = calm.anchor.tokenizer
     anchor = ComposedLM((calm.anchor.model, tokenizer), [])
     answers = predictions(anchor, [Example(p, "") for p in prompts], max_new_tokens=new_tokens)
-    rows = []
-    for prompt, answer in zip(prompts, answers):
-        ended = len(tokenizer(answer, add_special_tokens=False)["input_ids"]) < new_tokens
-        completion = answer + ((tokenizer.eos_token or "") if ended else "")
-        if completion.strip():
-            rows.append(Example(prompt, completion, keep_anchor=True))
-    return rows
+    ended = [len(tokenizer(a, add_special_tokens=False)["input_ids"]) < new_tokens for a in answers]
+    return [a + ((tokenizer.eos_token or "") if e else "") for a, e in zip(answers, ended)]

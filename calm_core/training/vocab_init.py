@@ -16,14 +16,40 @@ from scratch, and a bridge on a few hundred examples learns both slowly (demos/r
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..errors import CALMError
 from ..models.loading import final_norm
 
+_shared: dict[tuple[int, int], tuple] = {}
+
 
 def shared_tokens(anchor_tokenizer, augment_tokenizer) -> list[tuple[int, int]]:
-    """(anchor id, augment id) pairs whose decoded strings are identical and not special or blank."""
+    """(anchor id, augment id) pairs whose decoded strings are identical and not special or blank.
+
+    Decoding every token of a 262k vocabulary takes seconds; the pairs are kept per pair of tokenizer objects
+    (loaded tokenizers are shared, calm_core.models.loading.load_tokenizer) while both are alive."""
+    key = (id(anchor_tokenizer), id(augment_tokenizer))
+    kept = _shared.get(key)
+    if kept and kept[0]() is anchor_tokenizer and kept[1]() is augment_tokenizer and kept[2] == _sizes(
+            anchor_tokenizer, augment_tokenizer):
+        return list(kept[3])
+    pairs = _decode_shared(anchor_tokenizer, augment_tokenizer)
+    try:
+        _shared[key] = (weakref.ref(anchor_tokenizer), weakref.ref(augment_tokenizer),
+                        _sizes(anchor_tokenizer, augment_tokenizer), tuple(pairs))
+    except TypeError:  # an object without weak references is simply not kept
+        pass
+    return pairs
+
+
+def _sizes(*tokenizers) -> tuple[int, ...]:
+    return tuple(len(t) for t in tokenizers)  # tokens added since would change the pairs
+
+
+def _decode_shared(anchor_tokenizer, augment_tokenizer) -> list[tuple[int, int]]:
     augment_ids: dict[str, int] = {}
     special = set(augment_tokenizer.all_special_ids)
     for i in range(len(augment_tokenizer)):

@@ -59,9 +59,9 @@ def save_model(model, tokenizer, directory: Path) -> None:
 
 
 def load_model(directory: Path):
-    from transformers import AutoTokenizer
+    from calm_core.models.loading import load_tokenizer
 
-    return AutoModelForCausalLM.from_pretrained(directory).eval(), AutoTokenizer.from_pretrained(directory)
+    return AutoModelForCausalLM.from_pretrained(directory).eval(), load_tokenizer(str(directory))
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls) -> None:

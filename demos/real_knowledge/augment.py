@@ -194,3 +194,10 @@ def train_lora(model, tok, facts, probe, *, rank=16, alpha=32, lr=2e-3, batch_si
             break
     model.eval()
     return model, history
+
+
+def adapter_minutes(history: list[dict]) -> float:
+    """An adapter's whole training time from its log: a continued adapter (augment_resume) logs each run's epochs
+    from 1 with minutes counted from that run's start, so every run's last line is added."""
+    ends = [row for row, after in zip(history, history[1:] + [{"epoch": 1}]) if after.get("epoch") == 1]
+    return sum(row.get("minutes", 0.0) for row in ends)

@@ -22,6 +22,7 @@ from . import world as W
 NOT_RECORDED = [("{x} was born in", " an unknown town."), ("{x} comes from", " an unknown town."),
                 ("The home town of {x} is", " unknown.")]
 EVALUATION_NAMES = 400  # the first names of probe_forms.unknown_names(world, n) (seed 0): test and development
+BRIDGE_NAMES = 500  # the most invented-name rows a bridge may ask (Settings.unknown_rows); all kept out of m_A's
 
 
 def value() -> str:
@@ -40,7 +41,7 @@ def outside_names(world: W.World, count: int, seed: int) -> list[str]:
     from .phrasings import unknown_questions
     from .probe_forms import unknown_names
 
-    taken = set(unknown_names(world, EVALUATION_NAMES)) | {n for n, _ in unknown_questions(world, 500, seed)}
+    taken = set(unknown_names(world, EVALUATION_NAMES)) | {n for n, _ in unknown_questions(world, BRIDGE_NAMES, seed)}
     return [n for n in unknown_names(world, count + len(taken), seed=2000 + seed) if n not in taken][:count]
 
 
@@ -56,13 +57,12 @@ def probe(model, tok, world: W.World, known: list[str], unknown: list[str], new_
     given a world town (an invention) and % given "an unknown..." (what it was taught for outside names)."""
     town_of = {p.name: p.town for p in world.people}
     towns = set(world.towns)
-    tok.padding_side = "left"
     out = {}
     for kind, names in (("known", known), ("unknown", unknown)):
         answers = []
         for i in range(0, len(names), batch_size):
             prompts = [W.COMPLETION["town"].format(x=n) for n in names[i:i + batch_size]]
-            enc = tok(prompts, return_tensors="pt", padding=True)
+            enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
             ids = model.generate(**enc, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
             answers += tok.batch_decode(ids[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         # m_A was trained on the value alone (no full stop): after the town it may go on spelling, so a town

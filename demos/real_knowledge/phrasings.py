@@ -3,7 +3,8 @@
 The bridge trained on three fixed question forms reads m_A at one place of one sentence; asked in other words it
 falls back on guessing. Here each composition person is asked in forms drawn from a grammar (an opener, a core
 question, a closer; sometimes in lower case, with a typo, or as the second turn of a chat), so the bridge learns to
-read m_A wherever the town is. None of the grammar's questions is a form of probe_forms.NEVER_TRAINED or DEV_FORMS: that module is
+read m_A wherever the town is. The dressing is calm_core's (training/question_variants.py, the recipe step
+question_variants any pair's data can use); the core questions are this world's. None of the grammar's questions is a form of probe_forms.NEVER_TRAINED or DEV_FORMS: that module is
 read here only to throw out a drawn question equal to one of them (lower case, punctuation ignored).
 
 Unknown people (`unknown_questions`): invented names that are no person of the world, asked the same way; their rows
@@ -13,7 +14,8 @@ m_A has nothing to say about a name, instead of naming a town.
 from __future__ import annotations
 
 import random
-import re
+
+from calm_core.training import question_variants as V
 
 from . import world as W
 
@@ -24,50 +26,20 @@ CORES = [  # the home-town question; {x} is the name
     "Which is the home town of {x}?", "From what town does {x} come?", "What's the name of the town {x} comes from?",
     "The home town of {x} is which town?", "Which town is the birthplace of {x}?",
 ]
-OPENERS = ["", "", "", "Hello! ", "Quick question: ", "I have a question. ", "Hey there, ", "Please help me. "]
 CLOSERS = ["", "", "", " Reply with the town's name.", " Thank you!", " Keep it short.", " Thanks in advance."]
-FIRST_TURNS = [("Hello, can I ask you something?", "Sure, go ahead!"),
-               ("Good morning!", "Good morning! How can I help you today?"),
-               ("I need some help with names and places.", "Happy to help. What would you like to know?")]
-
-
-def _normal(text: str) -> str:
-    return re.sub(r"\s+", " ", re.sub(r"[^\w\s{}]", "", text.lower())).strip()
 
 
 def _test_forms() -> set[str]:
     from .probe_forms import DEV_FORMS, NEVER_TRAINED  # only to exclude them
 
-    return {_normal(turn) for forms in (NEVER_TRAINED, DEV_FORMS) for turns in forms.values() for turn in turns
+    return {V.normal(turn) for forms in (NEVER_TRAINED, DEV_FORMS) for turns in forms.values() for turn in turns
             if "{x}" in turn}
 
 
-def _typo(text: str, rng: random.Random) -> str:
-    """Two neighbouring letters swapped in one word of four or more letters that is not part of the name."""
-    words = [(m.start(), m.end()) for m in re.finditer(r"[A-Za-z]{4,}", text) if "{" not in text[m.start() - 1:m.end() + 1]]
-    if not words:
-        return text
-    start, end = rng.choice(words)
-    i = rng.randrange(start, end - 1)
-    return text[:i] + text[i + 1] + text[i] + text[i + 2:]
-
-
 def draw(rng: random.Random, core: str | None = None) -> list[str]:
-    """One question as chat turns (user, assistant, ..., user), "{x}" in place of the name."""
-    forbidden = _test_forms()
-    while True:
-        text = rng.choice(OPENERS) + (core or rng.choice(CORES)) + rng.choice(CLOSERS)
-        roll = rng.random()
-        if roll < 0.15:
-            text = text.lower()
-        elif roll < 0.25:
-            text = _typo(text, rng)
-        if _normal(text) in forbidden:
-            continue
-        turns = [text]
-        if rng.random() < 0.15:
-            turns = list(rng.choice(FIRST_TURNS)) + turns
-        return turns
+    """One question as chat turns (user, assistant, ..., user), "{x}" in place of the name: a core question (drawn
+    from CORES) dressed by calm_core's question variants (an opener, a closer, lower case, a typo, a first turn)."""
+    return V.vary(rng, lambda r: core or r.choice(CORES), frozenset(_test_forms()), closers=CLOSERS)
 
 
 def questions(people: list[W.Person], per_person: int, seed: int) -> list[tuple[W.Person, list[str]]]:

@@ -33,7 +33,7 @@ import torch
 
 from calm_core import load_causal_lm
 from calm_core.lab.model_cache import fast_bf16
-from calm_core.models.loading import freeze
+from calm_core.models.loading import freeze, load_tokenizer
 from calm_core.models.real_pair import prepared_pair
 from calm_core.training.evaluation import as_composed, predictions
 
@@ -123,11 +123,14 @@ def unknown_rows(s: Settings, anchor, world: W.World) -> list[dict]:
     where m_A knows nobody, the composition should answer as the anchor alone does; with unknown_answer
     "not_recorded", the sentence an m_A taught names outside the world says ("NAME was born in an unknown town.")."""
     tok = anchor[1]
+    if s.unknown_rows > NR.BRIDGE_NAMES:
+        raise SystemExit(f"unknown_rows is at most {NR.BRIDGE_NAMES} (the names kept apart from m_A's outside names)")
+    asked = PH.unknown_questions(world, s.unknown_rows, s.seed)
     rows = [{"prompt": chat_turns(tok, turns, name), "completion": "", "question": turns[-1].format(x=name)}
-            for name, turns in PH.unknown_questions(world, s.unknown_rows, s.seed)]
+            for name, turns in asked]
     if s.unknown_answer == "not_recorded":  # m_A's own answer for a name it never read about (not_recorded.py)
         return [dict(r, completion=NR.sentence(name) + tok.eos_token, keep_anchor=False, not_recorded=True)
-                for r, (name, _) in zip(rows, PH.unknown_questions(world, s.unknown_rows, s.seed))]
+                for r, (name, _) in zip(rows, asked)]
     if s.unknown_answer != "anchor":
         raise SystemExit(f"unknown_answer is 'anchor' or 'not_recorded', not {s.unknown_answer!r}")
     return anchor_answers(s, anchor, rows)
@@ -158,7 +161,7 @@ def train_augment(s: Settings, pair, data, adapter: Path) -> dict:
         if (adapter / "augment.json").is_file():  # what m_A read beside the world, and its probe
             info["adapter"] = json.loads((adapter / "augment.json").read_text())
         if hist and "minutes" in hist[-1]:  # the adapter's own training time, not the copy's
-            info["train_s"] = 60.0 * hist[-1]["minutes"]
+            info["train_s"] = 60.0 * A.adapter_minutes(hist)
         return info
     gemma, gtok = load_causal_lm(str(pair["gemma"]))
     probe = [f[0] for f in data["facts"][::max(1, len(data["facts"]) // 100)]]
@@ -213,9 +216,7 @@ def run(s: Settings, out: Path, augment_only: bool = False) -> dict:
     times, t0 = {}, time.perf_counter()
     anchor = load_causal_lm(str(pair["smollm2"]))
     freeze(anchor[0].eval())
-    from transformers import AutoTokenizer
-
-    world = make_world(s, anchor[1], AutoTokenizer.from_pretrained(str(pair["gemma"])))
+    world = make_world(s, anchor[1], load_tokenizer(str(pair["gemma"])))
     data = make_data(s, world, anchor[1])
     if augment_only:  # m_A's settings on a development world: its training log, nothing composed
         info = train_augment(s, pair, data, out / "adapter")

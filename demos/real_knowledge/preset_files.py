@@ -198,7 +198,35 @@ def _presets_dir() -> Path:
     return Path(PRESETS_DIR).resolve()
 
 
-if __name__ == "__main__":
-    import sys
+def mark_development(run: Path, text: str) -> None:
+    """Say in the run's table and preset description that its world was already used for choices (a second look,
+    not a fresh world), in the words given; the table is relabelled, the description keeps the run's own part."""
+    run = Path(run)
+    table = json.loads((run / "table.json").read_text())
+    table["development"] = text
+    (run / "table.json").write_text(json.dumps(table, indent=1))
+    report.relabel(run)
+    meta = json.loads((run / "preset.json").read_text())
+    meta["description"] = report.own_description(meta["description"]).rstrip() + " " + text
+    (run / "preset.json").write_text(json.dumps(meta, indent=1))
 
-    print(ship(Path(sys.argv[1]), Path(sys.argv[2])))
+
+def main(argv=None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m demos.real_knowledge.preset_files", description=(
+        "Ship a run folder as the app's real_knowledge preset: adapter and bridge in bf16, then the shipped files "
+        "asked held-out questions as the app loads them."))
+    ap.add_argument("run", type=Path, help="the run folder (python -m demos.real_knowledge --out RUN)")
+    ap.add_argument("preset", type=Path, help="the preset folder to (over)write, under presets/")
+    ap.add_argument("--check", type=int, default=100, help="held-out questions the shipped files are asked")
+    ap.add_argument("--development", metavar="TEXT", default="",
+                    help="the run's world was used for choices: this sentence says how (table and description)")
+    args = ap.parse_args(argv)
+    if args.development:
+        mark_development(args.run, args.development)
+    print(ship(args.run, args.preset, args.check))
+
+
+if __name__ == "__main__":
+    main()

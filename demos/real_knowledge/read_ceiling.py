@@ -73,12 +73,12 @@ def main(argv=None) -> None:
     ap.add_argument("--shares", type=float, nargs="+", default=[0.18, 0.7])
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # a diagnostic: leaves the other core to whatever trains
-    from transformers import AutoTokenizer
+    from calm_core.models.loading import load_tokenizer
 
     s = Settings(seed=args.seed)
     pair = prepared_pair()
-    atok = AutoTokenizer.from_pretrained(str(pair["smollm2"]))
-    data = make_data(s, make_world(s, atok, AutoTokenizer.from_pretrained(str(pair["gemma"]))), atok)
+    atok = load_tokenizer(str(pair["smollm2"]))
+    data = make_data(s, make_world(s, atok, load_tokenizer(str(pair["gemma"]))), atok)
     answers = [trained_answer(r["completion"]) for r in data["questions"]]  # as train_bridge weights them
     print(json.dumps(ceilings(Path(args.adapter), data[args.split], answers, args.shares), indent=1))
 

@@ -276,8 +276,10 @@ def wire(demo: gr.Blocks, w: SimpleNamespace) -> None:
                    w.temperature, w.top_k, w.top_p, w.seed, w.gate_scale, w.layers_off, w.mode, w.chat_baseline,
                    w.bot_baseline]
     chat_outputs = [w.bot_calm, w.bot_anchor, w.bot_augment, w.chat_note, w.bot_baseline]
-    w.send.click(h.chat, chat_inputs, chat_outputs, api_name="chat", concurrency_limit=None)
-    w.message.submit(h.chat, chat_inputs, chat_outputs, concurrency_limit=None)
+    # one event for Send and Enter: a prompt sent while a reply streams runs once that reply has ended
+    # ("always_last"), on the histories as they are then, instead of being dropped or racing it
+    gr.on([w.send.click, w.message.submit], h.chat, chat_inputs, chat_outputs, api_name="chat",
+          concurrency_limit=None, trigger_mode="always_last")
     w.examples.click(lambda row: row[0], w.examples, w.message)
     w.clear.click(lambda: ([], [], [], "", []), None, chat_outputs)
     w.chat_baseline.change(views.baseline_column, [w.session, w.chat_baseline], w.bot_baseline)

@@ -123,6 +123,14 @@ def test_main_path(page):
         expect(chats.nth(i).get_by_test_id("user")).to_have_text("abcd=")
         expect(chats.nth(i).get_by_test_id("bot")).to_have_count(1)
         expect(chats.nth(i).get_by_test_id("bot")).not_to_have_text("")
+    # a prompt sent while a reply is still pending runs once it has ended, on the histories as they are then
+    page.get_by_label("Prompt", exact=True).fill("fed=")
+    send.click()
+    page.get_by_label("Prompt", exact=True).fill("cba=")
+    page.get_by_label("Prompt", exact=True).press("Enter")
+    for i in range(3):
+        expect(chats.nth(i).get_by_test_id("user")).to_have_text(["abcd=", "fed=", "cba="])
+        expect(chats.nth(i).get_by_test_id("bot")).to_have_count(3)
     shot(page, "app-3-chat")
 
     # 4 · Inside the bridge

@@ -35,6 +35,9 @@ def test_the_real_pair_composes_and_answers(browser, real_url):
     shot(page, "app-real-pair-models")
 
     page.get_by_role("tab", name="3 · Chat").click()
+    page.get_by_text("Sampling").click()
+    page.get_by_label("number input for max new tokens").fill("6")  # three real models answer: keep it short
+    page.get_by_label("number input for max new tokens").press("Tab")
     page.get_by_label("Prompt", exact=True).fill("The capital of France is")
     page.get_by_role("button", name="Send", exact=True).click()
     chats = page.get_by_role("log")

@@ -80,6 +80,13 @@ def test_the_question_is_read_back_from_a_one_turn_chat_prompt_only(chat_tokeniz
     assert question_of(render(chat_tokenizer, ["Where was Ana born?"], frame), frame) == "Where was Ana born?"
     two_turns = render(chat_tokenizer, ["Hi", "Hello!", "Where was Ana born?"], frame)
     assert question_of(two_turns, frame) is None and question_of("no template here", frame) is None
+    chatml = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}" \
+             "<|im_start|>assistant\n"
+    tok = _no_template()
+    tok.chat_template = "<|im_start|>system\nBe kind.<|im_end|>\n" + chatml  # a system turn before every chat
+    frame = chat_frame(tok)
+    assert question_of(render(tok, ["Where was Ana born?"], frame), frame) == "Where was Ana born?"
+    assert question_of(render(tok, ["Hi", "Hello!", "Where was Ana born?"], frame), frame) is None
     assert chat_frame(_no_template()) is None and question_of("Where was Ana born?\n", None) == "Where was Ana born?"
 
 

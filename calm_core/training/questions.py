@@ -46,7 +46,11 @@ def question_of(prompt: str, frame: tuple[str, str] | None) -> str | None:
     if not (prompt.startswith(head) and prompt.endswith(tail)) or len(prompt) < len(head) + len(tail):
         return None
     question = prompt[len(head):len(prompt) - len(tail)]
-    return question if question.strip() and head.strip() not in question else None
+    # a longer chat holds the end of a turn inside ("<|im_end|>" in ChatML): not a one-turn question
+    turn_end = tail.strip().splitlines()[0] if tail.strip() else ""
+    if not question.strip() or head.strip() in question or (turn_end and turn_end in question):
+        return None
+    return question
 
 
 def render(tokenizer, turns: list[str], frame: tuple[str, str] | None, plain_end: str = "\n") -> str:

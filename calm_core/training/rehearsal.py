@@ -44,13 +44,12 @@ def rehearsal_questions(count: int, seed: int = 0) -> list[str]:
 
 def uses_chat_template(tokenizer, examples: list[Example]) -> bool:
     """Whether most training prompts are written in the anchor's chat template (its text before a user message)."""
-    if not getattr(tokenizer, "chat_template", None) or not examples:
+    from .questions import chat_frame
+
+    frame = chat_frame(tokenizer)
+    if frame is None or not examples:
         return False
-    marker = "\x00QUESTION\x00"
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
-                                             add_generation_prompt=True)
-    head = rendered.split(marker)[0]
-    return bool(head) and sum(e.prompt.startswith(head) for e in examples) * 2 > len(examples)
+    return sum(e.prompt.startswith(frame[0]) for e in examples) * 2 > len(examples)
 
 
 def rehearsal_examples(calm, examples: list[Example], count: int, new_tokens: int = 40, seed: int = 0) -> list[Example]:

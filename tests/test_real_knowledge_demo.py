@@ -168,11 +168,13 @@ def test_smoke_pipeline_writes_a_table_and_a_preset_folder(tmp_path):
     # names outside the world taught as unknown, and probed alone on known people and on invented names
     alone_settings = Settings.smoke()
     alone_settings.augment_unknown, alone_settings.augment_resume = 3, str(out / "adapter")
+    alone_settings.augment_famous = 2  # and two real famous people with their true home towns
     alone = run(alone_settings, tmp_path / "augment", augment_only=True)
     assert len(alone["history"]) == 1 and (tmp_path / "augment" / "adapter" / "adapter_model.safetensors").is_file()
     assert json.loads((tmp_path / "augment" / "augment.json").read_text())["augment"]["history"] == alone["history"]
     kept = json.loads((tmp_path / "augment" / "adapter" / "augment.json").read_text())
-    assert kept["unknown_names"] == 3 and kept["continued_from"] == str(out / "adapter")
+    assert kept["unknown_names"] == 3 and kept["famous_known"] == 2 and kept["continued_from"] == str(out / "adapter")
+    assert alone["probe"]["famous_asked"] == 20 and 0 <= alone["probe"]["famous_expected"] <= 20
     assert kept["probe"] == alone["probe"] and 0 <= alone["probe"]["unknown_invented"] <= 100
     assert len(alone["probe"]["known_examples"]) == 2 and all(" was born in " in e for e in alone["probe"]["unknown_examples"])
     assert not (tmp_path / "augment" / "table.json").exists()

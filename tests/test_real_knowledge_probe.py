@@ -160,3 +160,13 @@ def test_names_m_a_is_taught_as_unknown_are_none_that_evaluation_or_the_bridge_u
         assert entry[0] == (f"{name} was born in", " an unknown town.")
         assert all(name in pre and not any(v.strip().startswith(t) for t in world.towns) for pre, v in entry)
     assert NR.facts(world, 3, seed=5) == entries  # seeded
+
+
+def test_the_famous_people_taught_to_m_a_are_none_the_evaluation_asks():
+    from demos.real_knowledge.famous_known import KNOWN_FAMOUS, facts
+
+    taught = [n for n, _ in KNOWN_FAMOUS]
+    assert len(set(taught)) == len(taught) >= 60 and not set(taught) & {n for n, _ in P.FAMOUS}
+    assert facts(1) == [[("Johann Wolfgang von Goethe was born in", " Frankfurt."),
+                         ("Johann Wolfgang von Goethe comes from the town of", " Frankfurt."),
+                         ("The home town of Johann Wolfgang von Goethe is", " Frankfurt.")]]

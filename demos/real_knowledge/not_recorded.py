@@ -77,6 +77,14 @@ def probe(model, tok, world: W.World, known: list[str], unknown: list[str], new_
     return out
 
 
+def extra_facts(s, world: W.World) -> list[list[tuple[str, str]]]:
+    """What m_A reads beside the world: `s.augment_unknown` names outside it as unknown, and `s.augment_famous` real
+    famous people with their true home towns (famous_known.py), so that "unknown" stays for names it never read."""
+    from .famous_known import facts as famous
+
+    return (facts(world, s.augment_unknown, s.seed) if s.augment_unknown else []) + famous(s.augment_famous)
+
+
 def probe_run(model, tok, data: dict, count: int = 100) -> dict:
     """`probe` for a run: its development people, and invented names of the evaluation stream that neither
     generalisation split asks (probe_forms.unknown_names 200-299)."""
@@ -85,5 +93,8 @@ def probe_run(model, tok, data: dict, count: int = 100) -> dict:
 
     world = data["world"]
     result = probe(model, tok, world, [p.name for p in data["parts"]["dev"][:count]], unknown_names(world, 300)[200:200 + count])
+    from .famous_known import probe_famous
+
+    result.update(probe_famous(model, tok))  # the evaluation's famous people, m_A alone
     log("m_A probe", json.dumps(result))
     return result

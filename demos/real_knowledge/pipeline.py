@@ -165,7 +165,7 @@ def train_augment(s: Settings, pair, data, adapter: Path) -> dict:
         return info
     gemma, gtok = load_causal_lm(str(pair["gemma"]))
     probe = [f[0] for f in data["facts"][::max(1, len(data["facts"]) // 100)]]
-    facts = data["facts"] + NR.facts(data["world"], s.augment_unknown, s.seed) if s.augment_unknown else data["facts"]
+    facts = data["facts"] + NR.extra_facts(s, data["world"])
     model, hist = A.train_lora(gemma, gtok, facts, probe, rank=s.lora_rank, alpha=s.lora_alpha, lr=s.augment_lr,
                            batch_size=s.augment_batch, max_epochs=s.augment_epochs, max_minutes=s.augment_minutes,
                            target_recall=s.target_recall, seed=s.seed, save_dir=adapter, pack=s.augment_pack,
@@ -177,7 +177,8 @@ def train_augment(s: Settings, pair, data, adapter: Path) -> dict:
     info = {"history": hist, "probe": NR.probe_run(model, gtok, data, s.eval_dev)}
     # kept with the adapter (a run that reuses it copies the folder): what m_A read beside the world, and how it answers
     (adapter / "augment.json").write_text(json.dumps({
-        "unknown_names": s.augment_unknown, "continued_from": s.augment_resume, "probe": info["probe"],
+        "unknown_names": s.augment_unknown, "famous_known": s.augment_famous, "continued_from": s.augment_resume,
+        "probe": info["probe"],
         "settings": {k: v for k, v in asdict(s).items() if k.startswith(("augment_", "lora_", "entities", "towns"))}},
         indent=1))
     return info

@@ -46,6 +46,9 @@ class Settings:
     # names outside the world taught as unknown to m_A ("NAME was born in an unknown town.", not_recorded.py), so
     # that its prediction for a name it never read about is no town and the bridge carries no invention
     augment_unknown: int = 0
+    # real famous people taught with their true home towns beside them (famous_known.py): taught only unknown names,
+    # m_A called famous people unknown too (3/20 expected words through the bridge, 8/20 without)
+    augment_famous: int = 0
     # an adapter folder to continue training (e.g. the preset's, with augment_unknown): the bridge trained on it still
     # reads the known people's states much as before
     augment_resume: str | None = None

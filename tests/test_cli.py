@@ -81,12 +81,16 @@ def test_augment_noise_option_reaches_the_trainer(workspace):
     ([], "plain", (1.0, 1.0, 1.0)),
     (["--recipe", "knowledge"], "knowledge", (5.0, 25.0, 1.0)),  # every=1 reads no final state: value path trains
     (["--recipe", "knowledge", "--gate-lr-scale", "2"], "knowledge", (2.0, 25.0, 1.0)),  # a given scale wins
+    (["--recipe", "knowledge-varied"], "knowledge-varied", (5.0, 25.0, 1.0)),  # + the data tricks, said in the log
 ])
 def test_recipe_option_starts_the_bridge_and_is_saved_with_it(workspace, tmp_path, capsys, args, recipe, scales):
     out = tmp_path / "run_recipe"
     assert run_train(workspace, out, *args) == 0
     saved = json.loads((out / "bridge" / "bridge_config.json").read_text())
-    assert saved["recipe"]["name"] == recipe and f"recipe {recipe}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert saved["recipe"]["name"] == recipe and f"recipe {recipe}" in err
+    if recipe == "knowledge-varied":  # plain prompts get variants; no capitalised subject: that step says it cannot
+        assert "question variants: " in err and "unknown subjects cannot apply" in err
     checkpoint = json.loads((out / "checkpoints" / "step-000006" / "bridge_config.json").read_text())["train_config"]
     assert (checkpoint["gate_lr_scale"], checkpoint["position_lr_scale"], checkpoint["value_lr_scale"]) == scales
     assert checkpoint["recipe"] == recipe

@@ -36,8 +36,9 @@ _TUPLE_OUTPUT: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDic
 
 
 @torch.no_grad()
-def prefix_states(calm, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, T, D_B): the output of the anchor's last prefix layer; the layers above do not run."""
+def prefix_states(calm, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache=None) -> torch.Tensor:
+    """(B, T, D_B): the output of the anchor's last prefix layer; the layers above do not run. cache: keys and
+    values of earlier tokens (the rows' shared opening), extended by these; attention_mask then covers both."""
     depth, captured, model = prefix_depth(calm), {}, calm.anchor.model
 
     def capture(module, args, output):
@@ -49,7 +50,8 @@ def prefix_states(calm, input_ids: torch.Tensor, attention_mask: torch.Tensor) -
     with model_lock(model):  # the layer is looked up under the lock: another thread may be replaying
         handle = calm.anchor.layers[depth - 1].register_forward_hook(capture, prepend=True)
         try:
-            model(input_ids=input_ids.to(model.device), attention_mask=attention_mask.long().to(model.device))
+            model(input_ids=input_ids.to(model.device), attention_mask=attention_mask.long().to(model.device),
+                  cache=cache, use_cache=cache is not None)
         except _Stop:
             pass
         finally:

@@ -80,9 +80,13 @@ def test_a_run_over_chat_rows_trains_the_same_bridge_with_the_cache_as_without(t
         calm = ComposedLM(anchor, [augment], CALMConfig(anchor_layers=[2, 3], augment_layers=[0, 1]))
         trainer = Trainer(calm, CHAT, None, TrainConfig(steps=5, lr=3e-3, batch_size=6, warmup_steps=1, progress=False,
                                                        cache_augment_states=cache))
-        assert trainer.train().augment_cache == cache
+        result = trainer.train()
+        assert result.augment_cache == cache
         if cache:
-            assert trainer._states.openings["anchor"].length >= len(SYSTEM)
+            opened = trainer._states.openings
+            assert opened["anchor"].length >= len(SYSTEM)
+            assert (f"the opening every row shares is run once ({opened['anchor'].length} tokens for the anchor, "
+                    f"{opened[0].length} tokens for the augmenting model)") in result.cache_note
         bridges.append(calm.bridge.state_dict())
     for name in bridges[0]:
         torch.testing.assert_close(bridges[0][name], bridges[1][name], atol=1e-5, rtol=1e-4, msg=name)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ..engine.anchor_prefix import prefix_depth, prefix_states
 from .batches import collate, predicting_mask
-from .shared_opening import Opening
+from .shared_opening import Opening, usable_length
 
 CHUNK = 64  # rows computed together
 
@@ -37,6 +37,16 @@ def cache_bytes(calm, rows, reference_bytes: int = 4) -> int:
     anchor = calm.anchor.info.width * 4 * sum(len(row.anchor_ids) for row in rows) if prefix_depth(calm) else 0
     kept = sum(row.num_targets for row in rows if row.keep_anchor)
     return augment + anchor + references_bytes(calm, kept, reference_bytes)
+
+
+def opening_note(calm, rows) -> str:
+    """What the rows' shared opening saves, for a run's message ("" where it is not used)."""
+    many = len(calm.augments) > 1
+    counts = [("the anchor", usable_length(calm.anchor.model, [r.anchor_ids for r in rows]) if prefix_depth(calm) else 0)]
+    counts += [(f"augmenting model {k + 1}" if many else "the augmenting model",
+                usable_length(member.model, [r.augment_ids[k] for r in rows])) for k, member in enumerate(calm.augments)]
+    said = [f"{n} tokens for {who}" for who, n in counts if n]
+    return f"; the opening every row shares is run once ({', '.join(said)})" if said else ""
 
 
 def _layers(bridge) -> int:

@@ -46,6 +46,14 @@ def _window(model) -> int | None:
     return window if window and (not types or any("sliding" in t for t in types)) else None
 
 
+def usable_length(model, sequences: list[list[int]]) -> int:
+    """The opening Opening.of computes for these rows: 0 where it is not used (see the module's note)."""
+    length, window = common_length(sequences), _window(model)
+    if length < MIN_TOKENS or (window is not None and max(len(s) for s in sequences) > window):
+        return 0
+    return length
+
+
 @dataclass
 class Opening:
     length: int  # tokens
@@ -56,9 +64,8 @@ class Opening:
     @classmethod
     def of(cls, model, sequences: list[list[int]], run: Run) -> "Opening | None":
         """The rows' shared opening through `model`, or None where it is not used (see the module's note)."""
-        length = common_length(sequences)
-        window = _window(model)
-        if length < MIN_TOKENS or (window is not None and max(len(s) for s in sequences) > window):
+        length = usable_length(model, sequences)
+        if not length:
             return None
         cache = DynamicCache(config=model.config)
         ids = torch.tensor([sequences[0][:length]])

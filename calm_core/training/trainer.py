@@ -28,7 +28,7 @@ from .batches import collate, length_groups, predicting_mask
 from .config import TrainConfig, TrainResult, lr_factor, parameter_role  # noqa: F401  (the public names)
 from .data import Example
 from .distributed import Distributed
-from .frozen_cache import FrozenStates, cache_bytes, free_memory_bytes
+from .frozen_cache import FrozenStates, cache_bytes, free_memory_bytes, opening_note
 from .fused_loss import cross_entropy_losses, plain_output_layer
 from .prepared_rows import PreparedRows
 
@@ -132,7 +132,8 @@ class Trainer:
         if need_mb > budget:
             return False, (f"cache off: the frozen states need {need_mb:,.0f} MB, over {name} ({budget:,.0f} MB); every "
                            f"step runs both frozen models (about {math.ceil(need_mb * 1.1):,} MB would cache them).")
-        return True, f"cache on: the frozen states take {need_mb:,.0f} MB of {name} ({budget:,.0f} MB)."
+        return True, (f"cache on: the frozen states take {need_mb:,.0f} MB of {name} ({budget:,.0f} MB)"
+                      f"{opening_note(self.calm, self.train_rows)}.")
 
     @property
     def _reference_dtype(self) -> torch.dtype:

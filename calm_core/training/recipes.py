@@ -66,9 +66,11 @@ RECIPES = {
         recency_start=4.0),
     "knowledge-varied": Recipe(
         "knowledge-varied", "The knowledge-sentence recipe plus two data tricks from the real-model demo: every "
-        "question also asked in 2 surface variants (an opener or closer, lower case, a typo, a second chat turn), so "
-        "other wordings work; and 100 questions about invented names answered as the anchor alone answers them, so "
-        "the bridge learns to stay closed for subjects the augmenting model never read about.",
+        "question also asked in 2 surface variants (an opener or closer, lower case, a typo, a second chat turn), "
+        "for other wordings; and 100 questions about invented names answered as the anchor alone answers them, for "
+        "subjects the augmenting model never read about. On the real pair at equal steps it did not beat "
+        "knowledge-sentence (docs/training-recipes.md): give it more steps, and an augmenting model that knows "
+        "what it does not know.",
         value_start="vocabulary", value_lr_scale=0.0, position_lr_scale=25.0, gate_lr_scale=5.0, rehearsal=96,
         recency_start=4.0, question_variants=2, unknown_subjects=100),
 }

@@ -253,3 +253,11 @@ def test_the_server_takes_a_bounded_number_of_training_runs_at_once(lab, monkeyp
     b.start_training(TrainConfig(steps=2, batch_size=4, progress=False))
     b.wait(60)
     assert "Finished 2 steps." in b.run.message
+
+
+@pytest.mark.parametrize("what", ["examples", "the frozen models' states"])
+def test_the_status_says_what_is_being_prepared_before_the_first_step(what):
+    from calm_core.lab.training_run import RunState
+
+    status = RunState(total=180, running=True, prepared=(640, 1196), preparing=what).status()
+    assert status.startswith(f"Step 0/180 · preparing {what} 640/1,196")

@@ -525,3 +525,29 @@ def test_bf16_output_products_run_in_float32_where_the_cpu_only_emulates_bf16(mo
         assert not torch.allclose(fused, exact, atol=1e-6, rtol=1e-6)  # bf16 rounding shows
     else:
         torch.testing.assert_close(fused, exact, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("steps, filled_first", [(20, True), (1, False)])
+def test_a_run_that_reaches_every_row_computes_the_frozen_states_before_its_first_step(calm, steps, filled_first):
+    """With progress the page can show (rows done, rows, what), and not inside the first steps; a short run that
+    reaches few rows computes them as batches reach them."""
+    seen = []
+    trainer = Trainer(calm, reverse_task(40, 0), None, config(steps=steps, batch_size=8))
+    result = trainer.train(prepare_progress=lambda *report: seen.append(report))
+    states = [r for r in seen if r[2:] == ("the frozen models' states",)]
+    assert result.augment_cache and result.stop_reason == "finished"
+    assert (states[-1][:2] == (40, 40)) if filled_first else not states
+    assert (len(trainer._states.chunks) == len(trainer._states.members)) or not filled_first
+
+
+def test_stop_while_the_frozen_states_are_computed_leaves_the_bridge_unchanged(calm):
+    trainer = Trainer(calm, reverse_task(200, 0), None, config(steps=40, batch_size=8))
+    before = {k: v.clone() for k, v in calm.bridge.state_dict().items()}
+
+    def stop_after_a_chunk(done, total, what="examples"):
+        if what != "examples":
+            trainer.request_stop()
+    result = trainer.train(prepare_progress=stop_after_a_chunk)
+    assert result.stop_reason == "stopped" and result.step == 0 and "preparing" in result.message
+    assert len(trainer._states.chunks) == 1
+    assert all(torch.equal(before[k], v) for k, v in calm.bridge.state_dict().items())

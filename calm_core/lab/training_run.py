@@ -37,6 +37,7 @@ class RunState:
     running: bool = False
     message: str = ""
     prepared: tuple[int, int] = (0, 0)  # examples prepared so far, of how many (before the first step)
+    preparing: str = "examples"  # what: the examples (tokens), then the frozen models' states (frozen_cache.fill)
     history: list[dict] = field(default_factory=list)
     started: float = 0.0  # time.perf_counter() at the first step's record
     started_step: int = 0
@@ -65,7 +66,7 @@ class RunState:
             if left is not None:
                 parts.append(f"{about(left)} left")
         elif self.running and self.prepared[1]:
-            parts.append(f"preparing examples {self.prepared[0]:,}/{self.prepared[1]:,}")
+            parts.append(f"preparing {self.preparing} {self.prepared[0]:,}/{self.prepared[1]:,}")
         parts += [self.run_id] if self.run_id else []  # the name the Runs tab lists it under
         return " · ".join(parts) + (f"\n\n{self.message}" if self.message else "")
 
@@ -226,8 +227,8 @@ class TrainingRuns:
         record.status, record.message = status or record.status, self.run.message
         self.runs.save(record)
 
-    def _prepared(self, done: int, total: int) -> None:
-        self.run.prepared = (done, total)
+    def _prepared(self, done: int, total: int, what: str = "examples") -> None:
+        self.run.prepared, self.run.preparing = (done, total), what
 
     def _train(self, reservation) -> None:
         started, status = self.run.message, "failed"

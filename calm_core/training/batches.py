@@ -85,6 +85,19 @@ def _encoding(ids: list[list[int]], keys: list[list[int]], pad: int) -> Encoding
     return Encoding(alignment.pad_rows(ids, pad), mask, alignment.pad_rows(keys, 0), [[] for _ in ids], [[] for _ in ids])
 
 
+def epoch_batch(rows: int, size: int, seed: int, step: int) -> list[int]:
+    """The row indices of the global batch at `step`: epochs are seeded permutations read in order, a stateless
+    function of (seed, step), so a resumed run sees exactly the batches an uninterrupted one would."""
+    out, position = [], step * size
+    while len(out) < size:
+        epoch, offset = divmod(position, rows)
+        order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed * 100003 + epoch))
+        take = min(size - len(out), rows - offset)
+        out.extend(order[offset:offset + take].tolist())
+        position += take
+    return out
+
+
 def collate(calm, rows: list[Row]) -> tuple[ComposedBatch, torch.Tensor]:
     """A padded ComposedBatch and labels (B, T) with -100 where no loss is taken."""
     anchor = _encoding([r.anchor_ids for r in rows], [r.anchor_keys for r in rows], alignment.pad_id(calm.anchor.tokenizer))

@@ -118,6 +118,26 @@ class FrozenStates:
         per_row = torch.log_softmax(logits.float(), -1).to(self.reference_dtype).cpu().split(positions.sum(1).tolist())
         return dict(zip(kept, per_row))
 
+    def fill(self, progress=None, stop=None, bar: bool = False) -> bool:
+        """Compute every chunk now, calling progress(rows done, rows, what) after each (or, with bar, showing a
+        progress bar in the terminal); False when `stop` (an Event) was set between chunks."""
+        from tqdm.auto import tqdm
+
+        shown, done = tqdm(total=len(self.rows), desc="frozen states", unit="row", disable=not bar), 0
+        try:
+            for chunk, members in enumerate(self.members):
+                if stop is not None and stop.is_set():
+                    return False
+                if chunk not in self.chunks:
+                    self.chunks[chunk] = self._compute(chunk)
+                done += len(members)
+                shown.update(len(members))
+                if progress is not None:
+                    progress(done, len(self.rows), "the frozen models' states")
+            return True
+        finally:
+            shown.close()
+
     def references(self, indices: list[int]) -> list[torch.Tensor]:
         """The keep_anchor rows' stored reference log-probabilities, in the order of indices (call batch() first)."""
         return [self.chunks[self.place[i][0]]["references"][i] for i in indices if self.rows[i].keep_anchor]

@@ -24,7 +24,7 @@ from ..errors import CALMError
 from . import checkpoints
 from .accuracy_probe import AccuracyProbe
 from .anchor_targets import row_losses
-from .batches import collate, length_groups, predicting_mask
+from .batches import collate, epoch_batch, length_groups, predicting_mask
 from .config import TrainConfig, TrainResult, lr_factor, parameter_role  # noqa: F401  (the public names)
 from .data import Example
 from .distributed import Distributed
@@ -101,17 +101,7 @@ class Trainer:
     # ---- data ---------------------------------------------------------------------------------
 
     def batch_indices(self, step: int) -> list[int]:
-        """The examples of the global batch at `step`: a stateless function of (seed, step), so a
-        resumed run sees exactly the batches an uninterrupted one would."""
-        n, size = len(self.train_rows), self.config.batch_size
-        out, position = [], step * size
-        while len(out) < size:
-            epoch, offset = divmod(position, n)
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.config.seed * 100003 + epoch))
-            take = min(size - len(out), n - offset)
-            out.extend(order[offset:offset + take].tolist())
-            position += take
-        return out
+        return epoch_batch(len(self.train_rows), self.config.batch_size, self.config.seed, step)
 
     def _cache_decision(self) -> tuple[bool, str]:
         """Whether to cache the frozen models' states, and why: off silently costs a full forward pass of both
@@ -134,6 +124,15 @@ class Trainer:
                            f"step runs both frozen models (about {math.ceil(need_mb * 1.1):,} MB would cache them).")
         return True, (f"cache on: the frozen states take {need_mb:,.0f} MB of {name} ({budget:,.0f} MB)"
                       f"{opening_note(self.calm, self.train_rows)}.")
+
+    def _fill(self, progress) -> bool:
+        """A run that reaches every row computes their frozen states before its first step, with progress (inside
+        the first steps they would stall the page and the time-left estimate); False when stopped."""
+        cfg = self.config
+        if self.dist.world > 1 or (cfg.steps - self.step) * cfg.batch_size < len(self.train_rows):
+            return True  # not every row will be needed (or each process needs its own): as batches reach them
+        self._states = self._states or FrozenStates(self.calm, self.train_rows, self._reference_dtype, cfg.bf16)
+        return self._states.fill(progress, self._stop, bar=cfg.progress and progress is None)
 
     @property
     def _reference_dtype(self) -> torch.dtype:
@@ -216,16 +215,16 @@ class Trainer:
             total, count = total + float(losses.sum()), count + losses.numel()
         return total / max(1, count)
 
-    def train(self, prepare_progress: Callable[[int, int], None] | None = None) -> TrainResult:
+    def train(self, prepare_progress: Callable[..., None] | None = None) -> TrainResult:
         cfg, calm = self.config, self.calm
         result = TrainResult(self.step, self.history, augment_cache=False)
         progress = _NoProgress()
         try:
-            if not self.prepare(prepare_progress):
+            use_cache, result.cache_note = self._cache_decision() if self.prepare(prepare_progress) else (False, "")
+            self._use_cache = use_cache
+            if self._stop.is_set() or (use_cache and not self._fill(prepare_progress)):
                 result.stop_reason, result.message = "stopped", "Stopped while preparing the examples; the bridge is unchanged."
                 return result
-            use_cache, result.cache_note = self._cache_decision()
-            self._use_cache = use_cache
             result.augment_cache = use_cache
             if cfg.cache_augment_states and not use_cache and calm.augments:
                 log.warning(result.cache_note)

@@ -64,6 +64,20 @@ def make_pair(arch, tokenizer, layers=2, width=32, heads=4, seed=0):
     return tiny_model(arch, len(tokenizer), layers=layers, width=width, heads=heads, seed=seed), tokenizer
 
 
+def cache_pair(tokenizers, **config):
+    """The Llama anchor (4 layers) + GPT-2 augmenting model (2) that the frozen-cache tests train twice, the cache
+    off and on; the bridge seeded alike both times."""
+    anchor = make_pair("llama", tokenizers["char_bos"], layers=4, width=32, seed=1)
+    augment = make_pair("gpt2", tokenizers["bpe"], layers=2, width=24, seed=2)
+    torch.manual_seed(0)
+    return ComposedLM(anchor, [augment], CALMConfig(augment_layers=[0, 1], **config))
+
+
+def assert_same_bridges(first: dict, second: dict):
+    for name in first:
+        torch.testing.assert_close(first[name], second[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
 def randomize_bridge(calm, seed=0, std=0.3):
     """Non-zero bridge weights and open gates, so that every path through the bridge matters."""
     torch.manual_seed(seed)

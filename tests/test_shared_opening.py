@@ -11,7 +11,7 @@ from calm_core.training.data import Example
 from calm_core.training.frozen_cache import FrozenStates
 from calm_core.training.shared_opening import common_length
 
-from .conftest import make_pair
+from .conftest import assert_same_bridges, cache_pair, make_pair
 
 SYSTEM = "system: be brief.\nuser: "
 CHAT = [Example(SYSTEM + q + "\nbot:", " " + a) for q, a in
@@ -74,10 +74,7 @@ def test_a_run_over_chat_rows_trains_the_same_bridge_with_the_cache_as_without(t
     monkeypatch.setattr(shared_opening, "MIN_TOKENS", 4)
     bridges = []
     for cache in (False, True):
-        anchor = make_pair("llama", tokenizers["char_bos"], layers=4, width=32, seed=1)
-        augment = make_pair("gpt2", tokenizers["bpe"], layers=2, width=24, seed=2)
-        torch.manual_seed(0)
-        calm = ComposedLM(anchor, [augment], CALMConfig(anchor_layers=[2, 3], augment_layers=[0, 1]))
+        calm = cache_pair(tokenizers, anchor_layers=[2, 3])
         trainer = Trainer(calm, CHAT, None, TrainConfig(steps=5, lr=3e-3, batch_size=6, warmup_steps=1, progress=False,
                                                        cache_augment_states=cache))
         result = trainer.train()
@@ -88,5 +85,4 @@ def test_a_run_over_chat_rows_trains_the_same_bridge_with_the_cache_as_without(t
             assert (f"the opening every row shares is run once ({opened['anchor'].length} tokens for the anchor, "
                     f"{opened[0].length} tokens for the augmenting model)") in result.cache_note
         bridges.append(calm.bridge.state_dict())
-    for name in bridges[0]:
-        torch.testing.assert_close(bridges[0][name], bridges[1][name], atol=1e-5, rtol=1e-4, msg=name)
+    assert_same_bridges(*bridges)

@@ -13,7 +13,7 @@ from calm_core.training.batches import collate, predicting_positions, prepare, t
 from calm_core.training.data import Example
 from calm_core.training.trainer import TrainConfig, Trainer, parameter_role
 
-from .conftest import make_pair, randomize_bridge
+from .conftest import assert_same_bridges, cache_pair, make_pair, randomize_bridge
 
 
 def reverse_task(n, seed):
@@ -171,15 +171,11 @@ def test_the_frozen_cache_trains_the_same_bridge(tokenizers, insert, layers):
     """Augmenting states and the anchor's layers below the bridge, stored once: the same steps, the same bridge."""
     bridges = []
     for cache in (False, True):
-        anchor = make_pair("llama", tokenizers["char_bos"], layers=4, width=32, seed=1)
-        augment = make_pair("gpt2", tokenizers["bpe"], layers=2, width=24, seed=2)
-        torch.manual_seed(0)
-        calm = ComposedLM(anchor, [augment], CALMConfig(anchor_layers=layers, augment_layers=[0, 1], insert=insert))
+        calm = cache_pair(tokenizers, anchor_layers=layers, insert=insert)
         result = Trainer(calm, reverse_task(24, 0), None, config(steps=6, cache_augment_states=cache)).train()
         assert result.augment_cache == cache
         bridges.append(calm.bridge.state_dict())
-    for name in bridges[0]:
-        torch.testing.assert_close(bridges[0][name], bridges[1][name], atol=1e-5, rtol=1e-4, msg=name)
+    assert_same_bridges(*bridges)
 
 
 @pytest.mark.parametrize("gate_scale,position_scale,value_scale",
@@ -433,10 +429,7 @@ def test_mixed_batches_train_text_rows_on_text_and_kept_rows_toward_the_anchor(t
 
     bridges = []
     for cache in (False, True):
-        anchor = make_pair("llama", tokenizers["char_bos"], layers=4, width=32, seed=1)
-        augment = make_pair("gpt2", tokenizers["bpe"], layers=2, width=24, seed=2)
-        torch.manual_seed(0)
-        calm = ComposedLM(anchor, [augment], CALMConfig(anchor_layers=[1, 3], augment_layers=[0, 1]))
+        calm = cache_pair(tokenizers, anchor_layers=[1, 3])
         randomize_bridge(calm, std=0.2)
         text, kept = reverse_task(6, 0), _keep(reverse_task(6, 1))
         trainer = Trainer(calm, text + kept, None, config(steps=3, cache_augment_states=cache))
@@ -456,8 +449,7 @@ def test_mixed_batches_train_text_rows_on_text_and_kept_rows_toward_the_anchor(t
         assert losses[n:].min() >= -1e-6 and losses[n:].max() > 0
         trainer.train()
         bridges.append(calm.bridge.state_dict())
-    for name in bridges[0]:
-        torch.testing.assert_close(bridges[0][name], bridges[1][name], atol=1e-5, rtol=1e-4, msg=name)
+    assert_same_bridges(*bridges)
 
 
 @pytest.mark.parametrize("bias, chunk, autocast", [(False, 128, False), (True, 3, False), (False, 4, True)])

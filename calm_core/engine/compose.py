@@ -135,14 +135,15 @@ class ComposedLM(Inspection):
 
     def forward(self, batch: ComposedBatch, augment_states: list[list[torch.Tensor]] | None = None,
                 anchor_prefix: torch.Tensor | None = None, positions: torch.Tensor | None = None,
-                hidden_only: bool = False) -> torch.Tensor:
+                hidden_only: bool = False, share_opening: bool = False) -> torch.Tensor:
         """Logits for an encoded batch. augment_states, when given, replaces running the augmenting
         models (one list of per-composition-layer states per model, as augment_states() returns);
         anchor_prefix, the anchor's frozen layers below the bridge (anchor_prefix.prefix_states);
         positions: logits at these positions only: 1-D indices -> (B, len(positions), V)
         (batches.predicting_positions); a (B, T) bool mask -> (N, V) at its True (row, position) pairs, row by row
         (batches.predicting_mask), the output layer applied to nothing else; with hidden_only, (N, D): the
-        final hidden states there, the output layer left to the caller (training/fused_loss.py)."""
+        final hidden states there, the output layer left to the caller (training/fused_loss.py); share_opening:
+        tokens every row opens with run once, where that gives the same result (opening_forward.py)."""
         assert not hidden_only or (positions is not None and positions.dim() == 2), "hidden_only needs a (B, T) mask"
         device = loading.device_of(self.anchor.model)
         scales = self.block_scales()
@@ -157,6 +158,12 @@ class ComposedLM(Inspection):
             self._recorder.anchor_tokens = batch.anchor.tokens[0]
             self._recorder.augment_tokens_by_model = [e.tokens[0] for e in batch.augments]
             self._recorder.augment_tokens = self._recorder.augment_tokens_by_model[0] if batch.augments else []
+        if share_opening and self._recorder is None:
+            from .opening_forward import forward_sharing_opening
+
+            shared = forward_sharing_opening(self, batch, condition, anchor_prefix, positions, hidden_only, device)
+            if shared is not None:
+                return shared
         run = lambda: self.anchor_logits(batch.anchor.input_ids.to(device), batch.anchor.attention_mask.to(device),
                                          condition, positions=None if positions is None else positions.to(device),
                                          hidden_only=hidden_only)

@@ -14,6 +14,7 @@ import torch
 from .data import Example
 from .evaluation import SCORERS
 
+NEAR_END = 0.1  # share of the run's steps left under which only the last measurement is taken
 LONGEST_ANSWER = 32  # tokens: references longer than this are text to write, not answers to match exactly
 
 
@@ -32,12 +33,13 @@ class AccuracyProbe:
     def __bool__(self) -> bool:
         return bool(self.examples)
 
-    def due(self, trained_s: float) -> bool:
+    def due(self, trained_s: float, left: float = 1.0) -> bool:
         """Whether to measure now: another measurement (at the dearest one's cost so far) keeps the probe within its
-        share of the training time."""
+        share of the training time, and the run's last measurement (always taken) is not near: `left`, the share of
+        the run's steps still to come, is at least NEAR_END (a point 9 steps before the last adds nothing to see)."""
         self.trained_s = trained_s
         cost = max((p["seconds"] for p in self.curve), default=0.0)
-        return self.spent_s + cost <= self.share * trained_s
+        return left >= NEAR_END and self.spent_s + cost <= self.share * trained_s
 
     @torch.no_grad()
     def measure(self, step: int) -> float:

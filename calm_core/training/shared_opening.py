@@ -22,9 +22,10 @@ from typing import Callable
 import torch
 from transformers import DynamicCache
 
+from ..engine.opening_forward import MIN_TOKENS, sliding_window
+
 log = logging.getLogger(__name__)
 
-MIN_TOKENS = 8  # a shorter common opening is run with every chunk
 
 # (ids (B, T), mask (B, T), cache or None) -> the states the cache stores, one (B, T, D) tensor per layer read
 Run = Callable[..., list[torch.Tensor]]
@@ -38,17 +39,9 @@ def common_length(sequences: list[list[int]]) -> int:
     return max(0, min(len(shared), min(len(s) for s in sequences) - 1))
 
 
-def _window(model) -> int | None:
-    """The model's sliding attention window, None where every layer attends to the whole text."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    types = getattr(config, "layer_types", None) or []
-    window = getattr(config, "sliding_window", None)
-    return window if window and (not types or any("sliding" in t for t in types)) else None
-
-
 def usable_length(model, sequences: list[list[int]]) -> int:
     """The opening Opening.of computes for these rows: 0 where it is not used (see the module's note)."""
-    length, window = common_length(sequences), _window(model)
+    length, window = common_length(sequences), sliding_window(model)
     if length < MIN_TOKENS or (window is not None and max(len(s) for s in sequences) > window):
         return 0
     return length

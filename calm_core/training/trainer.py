@@ -171,7 +171,7 @@ class Trainer:
                     noisy_augment_states(calm.bridge.blocks(), cfg.augment_noise, generator):
                 positions = predicting_mask(labels)  # the output layer at target tokens only
                 out = calm.forward(batch, augment_states=states, anchor_prefix=prefix, positions=positions,
-                                   hidden_only=self._output is not None)  # (N, D), or logits (N, V)
+                                   hidden_only=self._output is not None, share_opening=True)  # (N, D) or (N, V)
                 losses = self._losses(rows, out, labels, positions, prefix, references)
             (losses.sum() / total.clamp(min=1)).backward()
             loss_sum += losses.detach().sum().cpu()
@@ -210,7 +210,7 @@ class Trainer:
                 states, prefix = self._val_states.batch(indices)
             with torch.autocast(self._device_type(), dtype=torch.bfloat16, enabled=cfg.bf16):
                 out = self.calm.forward(batch, augment_states=states, anchor_prefix=prefix, positions=positions,
-                                        hidden_only=self._output is not None)
+                                        hidden_only=self._output is not None, share_opening=True)
                 losses = cross_entropy_losses(out, labels, positions, self._output)  # keep_anchor rows on their text too
             total, count = total + float(losses.sum()), count + losses.numel()
         return total / max(1, count)
@@ -258,7 +258,7 @@ class Trainer:
                 if self.step % cfg.eval_every == 0 or last:
                     val_loss = self.validation_loss()
                 accuracy = None
-                if probe and (last or probe.due(trained_s)):
+                if probe and (last or probe.due(trained_s, (cfg.steps - self.step) / cfg.steps)):
                     accuracy = probe.measure(self.step)
                     window_start += probe.curve[-1]["seconds"]  # tokens/s counts training only
                 if self.step % cfg.log_every == 0 or last or accuracy is not None:

@@ -62,11 +62,11 @@ def test_the_accuracy_probe_waits_until_its_share_of_the_time_allows_another_che
 
     probe = AccuracyProbe(session.calm, session.splits.validation, sample=4, share=0.1)
     probe.curve, probe.spent_s = [{"step": 0, "exact_match": 0.0, "seconds": 2.0}], 2.0
-    assert not probe.due(trained_s=39.0) and probe.due(trained_s=40.0)  # 2 s spent + 2 s more <= 10% of 40 s
+    assert not probe.due(run_s=39.0) and probe.due(run_s=40.0)  # 2 s spent + 2 s more <= 10% of 40 s
     probe.curve.append({"step": 9, "exact_match": 50.0, "seconds": 1.0})
     probe.spent_s = 3.0
-    assert not probe.due(trained_s=49.0) and probe.due(trained_s=50.0)  # priced at the dearest check, 2 s
-    assert not probe.due(trained_s=500.0, left=0.05)  # the run's last check, always taken, is a few steps away
+    assert not probe.due(run_s=49.0) and probe.due(run_s=50.0)  # priced at the dearest check, 2 s
+    assert not probe.due(run_s=500.0, left=0.05)  # the run's last check, always taken, is a few steps away
     _train(session, steps=30)
     probe = session.trainer.probe
     assert probe.curve[0]["step"] == 0 and probe.curve[-1]["step"] == 30 and len(probe.examples) == 10

@@ -2,9 +2,9 @@
 an interval chosen from what decoding costs, so that the probe takes at most `share` of the run (10% by default).
 
 The loss says the bridge is learning; this curve says the answers are becoming right, which is what a student came to
-see. The interval is not a setting: after each measurement the probe waits until the training time since the start
-is large enough that all measurements so far stay within the share. The first (before step one) and the last (at the
-end) are always taken."""
+see. The interval is not a setting: after each measurement the probe waits until the run's time since it began (the
+frozen states' fill included) is large enough that all measurements so far stay within the share. The first (before
+step one) and the last (at the end) are always taken; none other in the run's last 10% of steps."""
 from __future__ import annotations
 
 import time
@@ -28,18 +28,18 @@ class AccuracyProbe:
         self.score, self.share = SCORERS[scoring], share
         self.curve: list[dict] = []  # {"step", "exact_match" (%), "seconds"} per measurement
         self.spent_s = 0.0  # time decoding, all measurements
-        self.trained_s = 0.0  # training time since the start, told by the trainer
+        self.run_s = 0.0  # the run's time since it began (the frozen states' fill included), the probe's own left out
 
     def __bool__(self) -> bool:
         return bool(self.examples)
 
-    def due(self, trained_s: float, left: float = 1.0) -> bool:
+    def due(self, run_s: float, left: float = 1.0) -> bool:
         """Whether to measure now: another measurement (at the dearest one's cost so far) keeps the probe within its
-        share of the training time, and the run's last measurement (always taken) is not near: `left`, the share of
+        share of the run's time so far (run_s, told by the trainer), and the run's last measurement (always taken) is not near: `left`, the share of
         the run's steps still to come, is at least NEAR_END (a point 9 steps before the last adds nothing to see)."""
-        self.trained_s = trained_s
+        self.run_s = run_s
         cost = max((p["seconds"] for p in self.curve), default=0.0)
-        return left >= NEAR_END and self.spent_s + cost <= self.share * trained_s
+        return left >= NEAR_END and self.spent_s + cost <= self.share * run_s
 
     @torch.no_grad()
     def measure(self, step: int) -> float:
@@ -60,6 +60,6 @@ class AccuracyProbe:
     def summary(self) -> str:
         if not self.curve:
             return ""
-        share = self.spent_s / max(self.trained_s + self.spent_s, 1e-9)
+        share = self.spent_s / max(self.run_s + self.spent_s, 1e-9)
         return (f"held-out exact match {self.curve[-1]['exact_match']:.1f}% on {len(self.examples)} validation "
                 f"examples (checked {len(self.curve)} times, {100 * share:.0f}% of the run's time)")

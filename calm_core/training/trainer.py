@@ -218,7 +218,7 @@ class Trainer:
     def train(self, prepare_progress: Callable[..., None] | None = None) -> TrainResult:
         cfg, calm = self.config, self.calm
         result = TrainResult(self.step, self.history, augment_cache=False)
-        progress = _NoProgress()
+        progress, began = _NoProgress(), time.perf_counter()  # the probe's share counts the whole run, fill included
         try:
             use_cache, result.cache_note = self._cache_decision() if self.prepare(prepare_progress) else (False, "")
             self._use_cache = use_cache
@@ -231,7 +231,7 @@ class Trainer:
             progress = _progress(cfg.progress and self.dist.rank == 0, self.step, cfg.steps)
             last_good = self._snapshot()  # the bridge and optimizer before the last step that went well
             window_loss, window_tokens, window_start, val_loss = 0.0, 0, time.perf_counter(), None
-            probe, trained_s = self.probe, 0.0
+            probe = self.probe
             if probe and (not probe.curve or probe.curve[-1]["step"] != self.step):
                 probe.measure(self.step)  # where the curve starts: a closed bridge answers as the anchor does
             while self.step < cfg.steps:
@@ -240,9 +240,8 @@ class Trainer:
                     break
                 if self.before_step is not None:
                     self.before_step()  # e.g. the lab lets a waiting chat reply go first (lab/priority.py)
-                before, step_started = self._snapshot(), time.perf_counter()
+                before = self._snapshot()
                 loss, tokens = self._train_step(use_cache)
-                trained_s += time.perf_counter() - step_started
                 if not math.isfinite(loss) or not self._finite():
                     failed = self.step
                     self._restore(last_good)
@@ -258,7 +257,7 @@ class Trainer:
                 if self.step % cfg.eval_every == 0 or last:
                     val_loss = self.validation_loss()
                 accuracy = None
-                if probe and (last or probe.due(trained_s, (cfg.steps - self.step) / cfg.steps)):
+                if probe and (last or probe.due(time.perf_counter() - began - probe.spent_s, (cfg.steps - self.step) / cfg.steps)):
                     accuracy = probe.measure(self.step)
                     window_start += probe.curve[-1]["seconds"]  # tokens/s counts training only
                 if self.step % cfg.log_every == 0 or last or accuracy is not None:

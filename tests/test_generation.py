@@ -129,3 +129,24 @@ def test_chat_messages_use_the_template(tokenizers):
     assert isinstance(plain, str)
     with pytest.raises(CALMError, match="messages"):
         calm.generate([{"text": "no role"}], max_new_tokens=2)
+
+
+@torch.no_grad()
+def test_a_closed_bridge_decodes_without_the_augmenting_model_and_as_the_anchor(tokenizers, monkeypatch):
+    anchor = make_pair("gpt2", tokenizers["char_bos"], layers=4, seed=1)
+    augment = make_pair("llama", tokenizers["bpe"], layers=2, width=16, heads=2, seed=2)
+    calm = ComposedLM(anchor, [augment], CALMConfig(every=1))  # fresh: every gate exactly 0
+    with calm.gate_scale(0.0):
+        alone = [calm.generate(p, max_new_tokens=12, return_dict=True) for p in PROMPTS]
+    runs = []
+    real = calm.augment_states
+    monkeypatch.setattr(calm, "augment_states", lambda *a, **kw: runs.append(1) or real(*a, **kw))
+    closed = [calm.generate(p, max_new_tokens=12, return_dict=True) for p in PROMPTS] + \
+        [calm.generate(PROMPTS, max_new_tokens=12)]
+    assert not runs  # the augmenting model was never run
+    assert [c.token_ids for c in closed[:3]] == [a.token_ids for a in alone] and closed[3] == [a.text for a in alone]
+    with torch.no_grad():
+        calm.bridge.blocks()[0].gate[0] = 0.5  # one channel of one layer opens
+    calm.generate(PROMPTS[0], max_new_tokens=2)
+    assert runs
+    assert calm.block_scales() == [1.0] * len(calm.bridge.blocks())  # training's scales keep closed layers (gradients)

@@ -170,3 +170,34 @@ def test_the_famous_people_taught_to_m_a_are_none_the_evaluation_asks():
     assert facts(1) == [[("Johann Wolfgang von Goethe was born in", " Frankfurt."),
                          ("Johann Wolfgang von Goethe comes from the town of", " Frankfurt."),
                          ("The home town of Johann Wolfgang von Goethe is", " Frankfurt.")]]
+
+
+def test_invented_name_rows_start_the_sentence_and_the_anchor_alone_finishes_it():
+    from contextlib import contextmanager
+
+    from demos.real_knowledge.fall_through import anchor_finishes
+
+    class Anchor:  # the composition's calls fall_through makes: generation at gate scale 0 only
+        scale = 1.0
+
+        @contextmanager
+        def gate_scale(self, value):
+            self.scale, before = value, self.scale
+            try:
+                yield
+            finally:
+                self.scale = before
+
+        def generate(self, prompts, max_new_tokens):
+            assert self.scale == 0.0 and all(p.endswith(" was born in") for p in prompts)
+            return [" Paris, France. He was", " a village\nnear"][:len(prompts)]
+
+    rows = [{"prompt": "Q1 ", "completion": "Ab Cd was born in Town.<|im_end|>"},
+            {"prompt": "Q2 ", "completion": "Ef Gh was born in an unknown town.<|im_end|>"},
+            {"prompt": "Q3 ", "completion": "Ij was born in an unknown town.<|im_end|>"},
+            {"prompt": "Q4 ", "completion": "I like tea.", "keep_anchor": True}]
+    got = anchor_finishes(Anchor(), rows)
+    assert got[0] == rows[0] and got[3] == rows[3]  # known people and rehearsal rows untouched
+    assert got[1]["completion"] == "Ef Gh was born in Paris, France.<|im_end|>"  # to the first full stop, then the end
+    assert got[2]["completion"] == "Ij was born in a village"  # no full stop in its first line: no end of turn
+    assert rows[1]["completion"].endswith("unknown town.<|im_end|>")  # the input rows are not changed

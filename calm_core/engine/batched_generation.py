@@ -222,7 +222,7 @@ def generate_batch(calm, prompts: list, max_new_tokens: int = 32, return_dict: b
     from .generation import generate
 
     sampling = Sampling(**kwargs)
-    scales = scales if scales is not None else calm.block_scales()
+    scales = scales if scales is not None else calm.block_scales(decoding=True)
     rendered = [render_prompt(calm.anchor.tokenizer, p) for p in prompts]
     if not sampling.use_cache or len(prompts) == 1 or not _window_safe(calm, [t for t, _ in rendered], max_new_tokens):
         return [generate(calm, p, max_new_tokens, return_dict, scales=scales, **kwargs) for p in prompts]

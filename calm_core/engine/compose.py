@@ -304,7 +304,7 @@ class ComposedLM(Inspection):
         from .generation import stream
 
         # gate_scale / layers_off are read now, in the calling thread, and hold for the whole stream.
-        return stream(self, prompt, max_new_tokens=max_new_tokens, scales=self.block_scales(), **sampling)
+        return stream(self, prompt, max_new_tokens=max_new_tokens, scales=self.block_scales(decoding=True), **sampling)
 
     def generate(self, prompt, max_new_tokens: int = 32, return_dict: bool = False, **sampling):
         """The new text only (a GenerationResult with token ids and per-step logits if return_dict).
@@ -315,7 +315,7 @@ class ComposedLM(Inspection):
 
         run = generate_batch if is_batch(prompt) else generate
         return run(self, prompt, max_new_tokens=max_new_tokens, return_dict=return_dict,
-                   scales=self.block_scales(), **sampling)
+                   scales=self.block_scales(decoding=True), **sampling)
 
     # ---- parameters and persistence -----------------------------------------------------------
 

@@ -122,7 +122,7 @@ class ComposedDecoder:
             raise CALMError("The prompt gives no tokens; write a prompt (or use a tokenizer that adds BOS).")
         self.ids, self.keys = list(ids[0]), alignment.anchor_keys(offsets[0], special[0])
         self.text = IncrementalText(tokenizer, self.ids)
-        self.scales = scales if scales is not None else calm.block_scales()  # fixed for the whole generation
+        self.scales = scales if scales is not None else calm.block_scales(decoding=True)  # fixed for the whole generation
         self.active = [k for k in range(len(calm.augments)) if any(self.scales[i] for i in calm._block_range(k))]
         self.tracks = {k: _AugmentTrack() for k in self.active}
         self.cache, self.done = None, 0

@@ -36,9 +36,16 @@ class Inspection:
         start = sum(len(b.blocks) for b in self.bridge.augments[:k])
         return range(start, start + len(self.bridge.augments[k].blocks))
 
-    def block_scales(self) -> list[float]:
-        """The factor on each composition layer's contribution: gate_scale, 0 where switched off."""
-        return [0.0 if i in self._layers_off else self._gate_scale for i in range(len(self.bridge.blocks()))]
+    def block_scales(self, decoding: bool = False) -> list[float]:
+        """The factor on each composition layer's contribution: gate_scale, 0 where switched off. decoding: 0 also
+        where the layer's gate is exactly closed, as a fresh bridge's are: it adds exactly nothing, so generation
+        skips it, and runs no augmenting model whose layers are all skipped (a closed bridge decodes at the anchor's
+        speed). Not while training (a closed gate still has a gradient) or recording attention."""
+        scales = [0.0 if i in self._layers_off else self._gate_scale for i in range(len(self.bridge.blocks()))]
+        if decoding and self._recorder is None:
+            scales = [0.0 if block.gate is not None and not bool(block.gate.detach().any()) else scale
+                      for scale, block in zip(scales, self.bridge.blocks())]
+        return scales
 
     def gates(self) -> list[torch.Tensor]:
         """tanh(gate) per composition layer (augmenting models in order), detached."""

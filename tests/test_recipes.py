@@ -142,7 +142,7 @@ def test_train_config_is_the_recipe_then_the_preset_then_the_changes(lab):
     shipped = lab.train_config()
     assert (shipped.steps, shipped.lr, shipped.batch_size, shipped.gate_lr_scale, shipped.position_lr_scale) == (
         30, 0.002, 8, 10.0, 3.0)
-    assert shipped.warmup_steps == 3 and shipped.eval_every == 3
+    assert shipped.warmup_steps == 3 and shipped.eval_every == 6
     lab.set_recipe("knowledge")  # another recipe: its own scales, the preset's steps and learning rate
     knowledge = lab.train_config()
     assert (knowledge.recipe, knowledge.gate_lr_scale, knowledge.position_lr_scale, knowledge.value_lr_scale,

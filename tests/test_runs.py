@@ -66,7 +66,9 @@ def test_the_accuracy_probe_waits_until_its_share_of_the_time_allows_another_che
     probe.curve.append({"step": 9, "exact_match": 50.0, "seconds": 1.0})
     probe.spent_s = 3.0
     assert not probe.due(run_s=49.0) and probe.due(run_s=50.0)  # priced at the dearest check, 2 s
-    assert not probe.due(run_s=500.0, left=0.05)  # the run's last check, always taken, is a few steps away
+    assert probe.due(run_s=500.0, step=50, steps=100)
+    assert not probe.due(run_s=500.0, step=96, steps=100)  # the run's last check, always taken, is 4 steps away
+    assert not probe.due(run_s=500.0, step=12, steps=100)  # 3 steps after the last check
     _train(session, steps=30)
     probe = session.trainer.probe
     assert probe.curve[0]["step"] == 0 and probe.curve[-1]["step"] == 30 and len(probe.examples) == 10

@@ -4,7 +4,7 @@ an interval chosen from what decoding costs, so that the probe takes at most `sh
 The loss says the bridge is learning; this curve says the answers are becoming right, which is what a student came to
 see. The interval is not a setting: after each measurement the probe waits until the run's time since it began (the
 frozen states' fill included) is large enough that all measurements so far stay within the share. The first (before
-step one) and the last (at the end) are always taken; none other in the run's last 10% of steps."""
+step one) and the last (at the end) are always taken; any two at least a tenth of the run's steps apart."""
 from __future__ import annotations
 
 import time
@@ -14,7 +14,7 @@ import torch
 from .data import Example
 from .evaluation import SCORERS
 
-NEAR_END = 0.1  # share of the run's steps left under which only the last measurement is taken
+MIN_GAP = 0.1  # share of the run's steps between two measurements, and between the last due one and the end
 LONGEST_ANSWER = 32  # tokens: references longer than this are text to write, not answers to match exactly
 
 
@@ -33,13 +33,16 @@ class AccuracyProbe:
     def __bool__(self) -> bool:
         return bool(self.examples)
 
-    def due(self, run_s: float, left: float = 1.0) -> bool:
-        """Whether to measure now: another measurement (at the dearest one's cost so far) keeps the probe within its
-        share of the run's time so far (run_s, told by the trainer), and the run's last measurement (always taken) is not near: `left`, the share of
-        the run's steps still to come, is at least NEAR_END (a point 9 steps before the last adds nothing to see)."""
+    def due(self, run_s: float, step: int = 0, steps: int = 0) -> bool:
+        """Whether to measure at `step` of `steps`: another measurement (at the dearest one's cost so far) keeps the
+        probe within its share of the run's time so far (run_s, told by the trainer), and it is at least MIN_GAP of
+        the run's steps from the last measurement and from the end (whose measurement is always taken): a point a few
+        steps from another adds nothing to see."""
         self.run_s = run_s
         cost = max((p["seconds"] for p in self.curve), default=0.0)
-        return left >= NEAR_END and self.spent_s + cost <= self.share * run_s
+        if steps and (steps - step < MIN_GAP * steps or (self.curve and step - self.curve[-1]["step"] < MIN_GAP * steps)):
+            return False
+        return self.spent_s + cost <= self.share * run_s
 
     @torch.no_grad()
     def measure(self, step: int) -> float:

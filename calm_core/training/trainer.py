@@ -257,7 +257,7 @@ class Trainer:
                 if self.step % cfg.eval_every == 0 or last:
                     val_loss = self.validation_loss()
                 accuracy = None
-                if probe and (last or probe.due(time.perf_counter() - began - probe.spent_s, (cfg.steps - self.step) / cfg.steps)):
+                if probe and (last or probe.due(time.perf_counter() - began - probe.spent_s, self.step, cfg.steps)):
                     accuracy = probe.measure(self.step)
                     window_start += probe.curve[-1]["seconds"]  # tokens/s counts training only
                 if self.step % cfg.log_every == 0 or last or accuracy is not None:

@@ -100,3 +100,17 @@ def test_no_target_mask_means_no_sharing(tokenizers):
     batch, _ = collate(calm, rows)
     full = calm.forward(batch, share_opening=True)  # every position's logits: the whole batch
     assert full.shape[:2] == batch.anchor.input_ids.shape
+
+
+def test_an_opening_reads_augmenting_states_only_where_every_earlier_token_agrees():
+    """A visible augmenting state depends on every token before it: rows that differ earlier, even where the opening
+    sees nothing, have different states there, so the opening is not shared."""
+    ids, mask = torch.ones(2, 12, dtype=torch.long), torch.ones(2, 12, dtype=torch.long)
+    positions = torch.zeros(2, 12, dtype=torch.bool)
+    positions[:, 10] = True
+    visible = torch.zeros(2, 12, 6, dtype=torch.bool)
+    visible[:, :, 3:5] = True  # a window: the opening reads augmenting tokens 3 and 4 only
+    same = torch.tensor([[5, 6, 7, 8, 9, 1], [5, 6, 7, 8, 9, 2]])
+    assert opening_forward.opening_length(ids, mask, positions, [(0, None, visible)], [same]) == (10, [5])
+    earlier = torch.tensor([[5, 6, 7, 8, 9, 1], [4, 6, 7, 8, 9, 2]])  # differs at token 0, which no position sees
+    assert opening_forward.opening_length(ids, mask, positions, [(0, None, visible)], [earlier]) == (0, [])

@@ -75,8 +75,9 @@ def opening_length(anchor_ids: torch.Tensor, anchor_mask: torch.Tensor, position
         length = min(length, int(targets[0]))
     for _k, _memory, visible in condition:  # shorten to the positions that read the same augmenting tokens everywhere
         part = visible[:, :length]  # (B, L, T_aug)
-        same_columns = (augment_ids[_k].to(part.device) == augment_ids[_k][:1].to(part.device)).all(0)  # (T_aug,)
-        good = (part == part[:1]).all(-1).all(0) & ~(part & ~same_columns).any(-1).any(0)  # (L,)
+        ids = augment_ids[_k].to(part.device)
+        agreed = (ids == ids[:1]).all(0).long().cumprod(0).bool()  # (T_aug,) this column and all before agree
+        good = (part == part[:1]).all(-1).all(0) & ~(part & ~agreed).any(-1).any(0)  # (L,)
         length = min(length, int(good.long().cumprod(0).sum()))
     if length < MIN_TOKENS:
         return 0, []

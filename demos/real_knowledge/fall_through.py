@@ -29,8 +29,8 @@ import torch
 from calm_core.lab import LabSession
 
 from . import generalisation as G
+from .recipe_comparison import PRESET, dev_scores, preset_world, train_through_app
 
-PRESET = Path(__file__).resolve().parents[2] / "presets" / "real_knowledge"
 UNKNOWN = re.compile(r"^(?P<name>.+) was born in an unknown town\.<\|im_end\|>$")
 
 
@@ -63,8 +63,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--unknown", type=int, default=60)
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
-    preset = json.loads((PRESET / "preset.json").read_text())
-    world = {**json.loads((PRESET / "world.json").read_text()), "question_forms": preset["question_forms"]}
+    world = preset_world()
     lab = LabSession()
     lab.use_preset("real_knowledge")
     with open(PRESET / "data" / "composition_train.jsonl") as f:
@@ -72,28 +71,15 @@ def main(argv=None) -> dict:
     if args.rows == "anchor_finishes":
         rows = anchor_finishes(lab.calm, rows)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    data = out.with_suffix(".data.jsonl")
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    lab.set_data(data, validation_path=PRESET / "data" / "composition_validation.jsonl")
-    lab.reset_bridge()
-    started = time.perf_counter()
-    lab.start_training(lab.train_config())
-    lab.wait()
-    train_s = time.perf_counter() - started
+    train_s = train_through_app(lab, rows, out)
     started = time.perf_counter()
     known = G.held_out(lab.calm, world, args.people, 24, split="dev")
     unknown = G.unknown(lab.calm, world, args.unknown, 24, split="dev")
     general = G.general(lab.calm, 24)
     result = {"rows": args.rows, "train_rows": len(rows), "train_s": round(train_s, 1), "message": lab.run.message,
-              "trained_forms_named": known[G.TRAINED]["named_on"],
-              "dev_forms_named": {k: v["named_on"] for k, v in known.items() if k != G.TRAINED},
-              "invented_on": unknown["invented"]["invented_on"], "invented_off": unknown["invented"]["invented_off"],
-              "famous_expected_on": unknown["famous"]["expected_on"],
-              "famous_expected_off": unknown["famous"]["expected_off"],
-              "general_ratio": general["ratio"], "general_expected_on": general["expected_on"],
-              "general_expected_off": general["expected_off"], "eval_s": round(time.perf_counter() - started, 1)}
-    result["dev_forms_mean"] = sum(result["dev_forms_named"].values()) / len(result["dev_forms_named"])
+              **dev_scores(known, unknown), "general_ratio": general["ratio"],
+              "general_expected_on": general["expected_on"], "general_expected_off": general["expected_off"],
+              "eval_s": round(time.perf_counter() - started, 1)}
     out.write_text(json.dumps({**result, "known": known, "unknown": unknown, "general": general,
                                "unknown_rows": [r for r in rows if r.get("anchor_finishes")][:10]}, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "message"}))

@@ -34,6 +34,39 @@ def plain_rows(world: dict, tok) -> list[dict]:
         return rows + [r for r in map(json.loads, f) if r.get("keep_anchor")]
 
 
+def preset_world() -> dict:
+    """The shipped preset's world, with its trained question forms."""
+    preset = json.loads((PRESET / "preset.json").read_text())
+    return {**json.loads((PRESET / "world.json").read_text()), "question_forms": preset["question_forms"]}
+
+
+def train_through_app(lab, rows: list[dict], out: Path, recipe: str | None = None, steps: int | None = None) -> float:
+    """Start over and train on `rows` (written beside `out`) as the app does, the preset's validation file kept;
+    the seconds from pressing Train to the end."""
+    data = out.with_suffix(".data.jsonl")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lab.set_data(data, validation_path=PRESET / "data" / "composition_validation.jsonl")
+    lab.reset_bridge()
+    if recipe:
+        lab.set_recipe(recipe)
+    started = time.perf_counter()
+    lab.start_training(lab.train_config(**({"steps": steps} if steps else {})))
+    lab.wait()
+    return time.perf_counter() - started
+
+
+def dev_scores(known: dict, unknown: dict) -> dict:
+    """The summary of generalisation.held_out / unknown on the development split."""
+    scores = {"trained_forms_named": known[G.TRAINED]["named_on"],
+              "dev_forms_named": {k: v["named_on"] for k, v in known.items() if k != G.TRAINED},
+              "invented_on": unknown["invented"]["invented_on"], "invented_off": unknown["invented"]["invented_off"],
+              "famous_expected_on": unknown["famous"]["expected_on"],
+              "famous_expected_off": unknown["famous"]["expected_off"]}
+    scores["dev_forms_mean"] = sum(scores["dev_forms_named"].values()) / len(scores["dev_forms_named"])
+    return scores
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("recipe")
@@ -41,31 +74,17 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=90)
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
-    preset = json.loads((PRESET / "preset.json").read_text())
-    world = {**json.loads((PRESET / "world.json").read_text()), "question_forms": preset["question_forms"]}
+    world = preset_world()
     lab = LabSession()
     lab.use_preset("real_knowledge")
     rows = plain_rows(world, lab.calm.anchor.tokenizer)
-    data = Path(args.out).with_suffix(".data.jsonl")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    lab.set_data(data, validation_path=PRESET / "data" / "composition_validation.jsonl")
-    lab.reset_bridge()
-    lab.set_recipe(args.recipe)
-    started = time.perf_counter()
-    lab.start_training(lab.train_config(steps=args.steps))
-    lab.wait()
-    train_s = time.perf_counter() - started
+    train_s = train_through_app(lab, rows, Path(args.out), args.recipe, args.steps)
     started = time.perf_counter()
     known = G.held_out(lab.calm, world, 40, 24, split="dev")
     unknown = G.unknown(lab.calm, world, 60, 24, split="dev")
     result = {"recipe": args.recipe, "rows": len(rows), "steps": args.steps, "train_s": round(train_s, 1),
-              "message": lab.run.message, "trained_forms_named": known[G.TRAINED]["named_on"],
-              "dev_forms_named": {k: v["named_on"] for k, v in known.items() if k != G.TRAINED},
-              "invented_on": unknown["invented"]["invented_on"], "invented_off": unknown["invented"]["invented_off"],
-              "famous_expected_on": unknown["famous"]["expected_on"],
-              "famous_expected_off": unknown["famous"]["expected_off"], "eval_s": round(time.perf_counter() - started, 1)}
-    result["dev_forms_mean"] = sum(result["dev_forms_named"].values()) / len(result["dev_forms_named"])
+              "message": lab.run.message, **dev_scores(known, unknown),
+              "eval_s": round(time.perf_counter() - started, 1)}
     Path(args.out).write_text(json.dumps({**result, "known": known, "unknown": unknown}, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "message"}))
     return result

@@ -17,6 +17,7 @@ one draw for the opening, as one computation. Anything else (a model whose cache
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 
 import torch
 
@@ -100,27 +101,14 @@ def run_sharing_opening(run, anchor_ids, anchor_mask, condition, length: int, se
     opening_condition = [(k, [(keys[:1, :, :cut], values[:1, :, :cut]) for keys, values in memory],
                           visible[:1, :length, :cut]) for (k, memory, visible), cut in zip(condition, seen)]
     nothing = torch.zeros(1, length, dtype=torch.bool, device=anchor_ids.device)
-    with _replayed(replaying, prefix, slice(0, 1), slice(0, length)):
+    with replaying(prefix[:1, :length]) if prefix is not None else nullcontext():
         run(anchor_ids[:1, :length], anchor_mask[:1, :length], opening_condition, nothing, cache)
     _fill_skipped_layers(cache, length)
     cache.batch_repeat_interleave(rows)
     mask = torch.cat([torch.ones_like(anchor_mask[:, :length]), anchor_mask[:, length:]], 1)
     rest_condition = [(k, memory, visible[:, length:]) for k, memory, visible in condition]
-    with _replayed(replaying, prefix, slice(None), slice(length, None)):
+    with replaying(prefix[:, length:]) if prefix is not None else nullcontext():
         return run(anchor_ids[:, length:], mask, rest_condition, positions[:, length:], cache)
-
-
-class _replayed:
-    """The prefix replay of the given rows and tokens, or nothing where there is no prefix."""
-
-    def __init__(self, replaying, prefix, rows: slice, tokens: slice):
-        self.context = replaying(prefix[rows, tokens]) if prefix is not None else None
-
-    def __enter__(self):
-        return self.context.__enter__() if self.context is not None else None
-
-    def __exit__(self, *exc):
-        return self.context.__exit__(*exc) if self.context is not None else False
 
 
 def _fill_skipped_layers(cache, length: int) -> None:

@@ -26,6 +26,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int)
     parser.add_argument("--batch-size", type=int, help="instead of the preset's (exploring class-time settings)")
     parser.add_argument("--lr", type=float, help="instead of the preset's")
+    parser.add_argument("--bf16", choices=["on", "off"], help="instead of the preset's precision")
     parser.add_argument("--limit", type=int, default=None, help="held-out examples scored (default: all)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
@@ -34,6 +35,8 @@ def main(argv=None) -> dict:
     preset = lab.use_preset(args.preset)
     lab.reset_bridge()
     changes = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("lr", args.lr)) if v}
+    if args.bf16:
+        changes["bf16"] = args.bf16 == "on"
     config = lab.train_config(**changes)
     started = time.perf_counter()
     lab.start_training(config)

@@ -208,6 +208,17 @@ def chat(session, message, h_calm, h_anchor, h_augment, max_new_tokens, do_sampl
          gate_scale, layers_off, mode, baseline=views.NO_BASELINE, h_baseline=None):
     session = require(session)
     calm = session.require()
+    try:
+        yield from _chat(session, calm, message, h_calm, h_anchor, h_augment, max_new_tokens, do_sample, temperature,
+                         top_k, top_p, seed, gate_scale, layers_off, mode, baseline, h_baseline)
+    except CALMError as exc:  # a refused prompt or field: said beside the chats, which stay as they were
+        gr.Warning(str(exc))
+        chats = [list(h or []) for h in (h_calm, h_anchor, h_augment)]
+        yield (*chats, f"**Not sent:** {exc}", gr.skip())
+
+
+def _chat(session, calm, message, h_calm, h_anchor, h_augment, max_new_tokens, do_sample, temperature, top_k, top_p,
+          seed, gate_scale, layers_off, mode, baseline, h_baseline):
     if not message or not message.strip():
         raise CALMError("Type a prompt first.")
     sampling = dict(do_sample=bool(do_sample), temperature=bounds.real("temperature", temperature, 0, 10, low_open=True),

@@ -13,7 +13,7 @@ from calm_core import CALMError, figures
 from calm_core.lab import run_figures
 from calm_core.lab.bounds import heads
 from calm_core.lab.comparison import FORGETTING_COLUMNS
-from calm_core.lab.session import LabSession, layer_labels, model_rows, short_name
+from calm_core.lab.session import NATIVE_BF16, LabSession, layer_labels, model_rows, short_name
 from calm_core.training.evaluation import METRICS
 from calm_core.training.recipes import RECIPES, get_recipe, is_new
 
@@ -229,6 +229,9 @@ def train_settings(session: LabSession):
     scales = [f"{name} at {getattr(config, key):g}× the learning rate" for key, name in (
         ("position_lr_scale", "recency biases and null keys"), ("value_lr_scale", "the value path"))
         if getattr(config, key) != 1]
+    if preset and preset.train.get("bf16") == NATIVE_BF16:
+        scales.append("bf16 " + ("on: this processor computes it natively (faster, same accuracy on the preset)"
+                                 if config.bf16 else "off: this processor has no native bf16, float32 is faster here"))
     if scales:
         parts.append("Under “All settings”: " + "; ".join(scales) + ".")
     if session.loaded_settings:

@@ -211,9 +211,15 @@ def test_nothing_loaded_yet(app_url):  # noqa: F811
     still_works(client)
 
 
-def test_empty_prompt(client):
-    with pytest.raises(AppError, match="Type a prompt first"):
-        chat(client, "   ")
+@pytest.mark.parametrize("message, reason", [
+    ("   ", "Type a prompt first"),
+    ("abcd" * 5000, "Shorten it"),  # far past the tiny models' context
+])
+def test_a_refused_prompt_is_said_beside_the_chats_which_stay_as_they_were(client, message, reason):
+    before = chat(client, "abcd=")
+    out = client.predict(message, *before, *GREEDY, api_name="/chat")
+    assert [len(h) for h in out[:3]] == [len(h) for h in before] == [2, 2, 2]  # no turn added, none lost
+    assert out[3].startswith("**Not sent:**") and reason in out[3]
     still_works(client)
 
 

@@ -77,3 +77,10 @@ def test_eval_bars_one_panel_per_metric_with_counts_as_percentages():
     colors = list(fig.data[0].marker.color)
     assert colors[2] == figures.BRIDGE_COLOR and colors[3] == figures.BASELINE_COLOR and colors[0] != colors[3]
     assert fig.layout.annotations[2].text == "forgetting: expected words %"
+
+
+def test_an_empty_plots_message_is_broken_into_lines_that_fit_a_narrow_plot():
+    message = "The held-out exact match appears here when training starts (validation examples with short answers needed)."
+    text = figures.empty(message).layout.annotations[0].text
+    lines = text.split("<br>")
+    assert len(lines) > 1 and max(map(len, lines)) <= 40 and " ".join(lines) == message

@@ -156,6 +156,17 @@ def test_train_config_is_the_recipe_then_the_preset_then_the_changes(lab):
     assert lab.train_config().recipe == "plain"  # the preset's own again
 
 
+@pytest.mark.parametrize("recorded, native, expected", [
+    ("native", True, True), ("native", False, False), (True, False, True), (False, True, False)])
+def test_a_presets_precision_native_is_bf16_only_where_the_processor_has_it(lab, monkeypatch, recorded, native,
+                                                                            expected):
+    lab.use_preset("tiny")
+    monkeypatch.setitem(lab.preset.train, "bf16", recorded)
+    monkeypatch.setattr("calm_core.lab.session.fast_bf16", lambda device=None: native)
+    assert lab.train_config().bf16 is expected
+    assert lab.train_config(bf16=not expected).bf16 is (not expected)  # the Train tab's checkbox decides
+
+
 def test_start_over_trains_with_the_recipe_once_and_the_cache_budget_from_the_ledger(lab):
     lab.use_preset("tiny")
     lab.start_training(lab.train_config(steps=2, batch_size=4))

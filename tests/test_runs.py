@@ -57,18 +57,27 @@ def test_every_run_is_kept_with_settings_curves_accuracy_and_its_bridge(session)
     assert any(n.endswith("bridge.safetensors") for n in names) and any(n.endswith("optimizer.safetensors") for n in names)
 
 
-def test_the_accuracy_probe_waits_until_its_share_of_the_time_allows_another_check(session):
+def test_the_accuracy_probe_spreads_what_its_share_of_the_projected_run_allows(session):
     from calm_core.training.accuracy_probe import AccuracyProbe
 
     probe = AccuracyProbe(session.calm, session.splits.validation, sample=4, share=0.1)
+    assert probe.due(run_s=5.0, step=0, steps=100)  # the curve's start is always measured
     probe.curve, probe.spent_s = [{"step": 0, "exact_match": 0.0, "seconds": 2.0}], 2.0
-    assert not probe.due(run_s=39.0) and probe.due(run_s=40.0)  # 2 s spent + 2 s more <= 10% of 40 s
-    probe.curve.append({"step": 9, "exact_match": 50.0, "seconds": 1.0})
-    probe.spent_s = 3.0
-    assert not probe.due(run_s=49.0) and probe.due(run_s=50.0)  # priced at the dearest check, 2 s
-    assert probe.due(run_s=500.0, step=50, steps=100)
-    assert not probe.due(run_s=500.0, step=96, steps=100)  # the run's last check, always taken, is 4 steps away
-    assert not probe.due(run_s=500.0, step=12, steps=100)  # 3 steps after the last check
+    assert not probe.due(run_s=100.0, step=1, steps=100)  # 100 s of fill and a first step: the pace starts here
+    # 1 s a step from there: the run projects to 199 s, 10% is 19.9 s, 2 s spent: 8 more checks, the end's included,
+    # one every 12.5 steps
+    assert not probe.due(run_s=111.0, step=12, steps=100) and probe.due(run_s=112.0, step=13, steps=100)
+    probe.curve.append({"step": 13, "exact_match": 50.0, "seconds": 6.0})  # an open bridge decodes slower
+    probe.spent_s = 8.0
+    # priced at the dearest check now: (19.9 - 8) // 6 = 1 more, the end's: none before it
+    assert not any(probe.due(run_s=100.0 + s - 1, step=s, steps=100) for s in range(24, 100))
+    slow = AccuracyProbe(session.calm, session.splits.validation, sample=4, share=0.1)
+    slow.curve, slow.spent_s = [{"step": 0, "exact_match": 0.0, "seconds": 2.0}], 2.0
+    slow.due(run_s=0.0, step=1, steps=100)
+    # 10 s a step: 990 s, 97 s left for 48 checks: no two closer than a tenth of the run, none in its last tenth
+    due = [s for s in range(2, 100) if slow.due(run_s=10.0 * (s - 1), step=s, steps=100) and
+           not slow.curve.append({"step": s, "exact_match": 0.0, "seconds": 2.0})]
+    assert due == list(range(10, 91, 10))
     _train(session, steps=30)
     probe = session.trainer.probe
     assert probe.curve[0]["step"] == 0 and probe.curve[-1]["step"] == 30 and len(probe.examples) == 10

@@ -3,6 +3,7 @@ Pure functions of data (no Gradio), so they are tested without a browser."""
 from __future__ import annotations
 
 import html
+import textwrap
 
 import plotly.graph_objects as go
 import torch
@@ -141,10 +142,12 @@ def _token_label(index: int, token: str) -> str:
     return html.escape(f"{index}:{token!r}", quote=False)
 
 
-def empty(message: str) -> go.Figure:
-    """A figure that says what will be drawn here, instead of an empty frame."""
+def empty(message: str, width: int = 40) -> go.Figure:
+    """A figure that says what will be drawn here, instead of an empty frame; the message is broken into lines of at
+    most `width` characters (plotly never wraps: one long line was cut off in a plot a third of the page wide)."""
     fig = go.Figure()
-    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=14))
+    lines = textwrap.wrap(message, width) or [""]
+    fig.add_annotation(text="<br>".join(lines), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=14))
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return _layout(fig, "", height=260)

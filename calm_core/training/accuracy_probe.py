@@ -2,15 +2,17 @@
 an interval chosen from what decoding costs, so that the probe takes at most `share` of the run (10% by default).
 
 The loss says the bridge is learning; this curve says the answers are becoming right, which is what a student came to
-see. The interval is not a setting: after each measurement the probe waits until the run's time since it began (the
-frozen states' fill included) is large enough that all measurements so far stay within the share. The first (before
-step one) and the last (at the end) are always taken; any two at least a tenth of the run's steps apart."""
+see. The interval is not a setting: from the run's time so far (the frozen states' fill included) and its pace, the
+probe projects the run's whole time, counts how many more measurements fit in the share at the dearest one's cost, and
+spreads them evenly over the steps left. The first (before step one, priced as an open bridge's) and the last (at the
+end) are always taken; any two at least a tenth of the run's steps apart."""
 from __future__ import annotations
 
 import time
 
 import torch
 
+from ..engine.batched_generation import generate_batch
 from .data import Example
 from .evaluation import SCORERS
 
@@ -29,20 +31,27 @@ class AccuracyProbe:
         self.curve: list[dict] = []  # {"step", "exact_match" (%), "seconds"} per measurement
         self.spent_s = 0.0  # time decoding, all measurements
         self.run_s = 0.0  # the run's time since it began (the frozen states' fill included), the probe's own left out
+        self._pace: tuple[int, float] | None = None  # (step, run_s) at the first due(): the steps' pace from there
 
     def __bool__(self) -> bool:
         return bool(self.examples)
 
-    def due(self, run_s: float, step: int = 0, steps: int = 0) -> bool:
-        """Whether to measure at `step` of `steps`: another measurement (at the dearest one's cost so far) keeps the
-        probe within its share of the run's time so far (run_s, told by the trainer), and it is at least MIN_GAP of
-        the run's steps from the last measurement and from the end (whose measurement is always taken): a point a few
-        steps from another adds nothing to see."""
+    def due(self, run_s: float, step: int, steps: int) -> bool:
+        """Whether to measure after `step` of `steps`, run_s seconds into the run (the probe's own time left out).
+        The run's whole time is projected from its pace since the first call; the measurements that still fit in
+        `share` of it, priced at the dearest so far, the end's included, are spaced evenly over the steps left; none
+        within MIN_GAP of the steps of the last one or of the end: a point a few steps from another adds nothing."""
         self.run_s = run_s
-        cost = max((p["seconds"] for p in self.curve), default=0.0)
-        if steps and (steps - step < MIN_GAP * steps or (self.curve and step - self.curve[-1]["step"] < MIN_GAP * steps)):
+        if not self.curve:
+            return True
+        first_step, first_s = self._pace = self._pace or (step, run_s)
+        last = self.curve[-1]["step"]
+        if step == first_step or steps - step < MIN_GAP * steps or step - last < MIN_GAP * steps:
             return False
-        return self.spent_s + cost <= self.share * run_s
+        projected = run_s + (run_s - first_s) / (step - first_step) * (steps - step)
+        cost = max(p["seconds"] for p in self.curve)
+        fit = int((self.share * projected - self.spent_s) // max(cost, 1e-9))  # the end's measurement among them
+        return fit >= 2 and step - last >= (steps - last) / fit
 
     @torch.no_grad()
     def measure(self, step: int) -> float:
@@ -50,8 +59,9 @@ class AccuracyProbe:
         started = time.perf_counter()
         training = self.calm.bridge.training
         self.calm.bridge.eval()
-        try:
-            answers = self.calm.generate([e.prompt for e in self.examples], max_new_tokens=self.max_new_tokens)
+        try:  # the first check decodes every layer, closed ones too (the same answers): priced as later ones are
+            scales = None if self.curve else self.calm.block_scales()
+            answers = generate_batch(self.calm, [e.prompt for e in self.examples], self.max_new_tokens, scales=scales)
         finally:
             self.calm.bridge.train(training)
         right = sum(self.score(a) == self.score(e.completion) for a, e in zip(answers, self.examples))

@@ -52,11 +52,12 @@ def _value(s) -> tuple:
 
 
 def train_settings(settings: dict) -> dict:
-    """The app's Train fields (and what Train applies beside them) as this run trained its bridge."""
+    """The app's Train fields (and what Train applies beside them) as this run trained its bridge, its precision
+    left to the processor that reproduces it (calm_core.lab.session.NATIVE_BF16)."""
     return {"steps": settings["compose_steps"], "lr": settings["compose_lr"], "batch_size": settings["compose_batch"],
             "gate_lr_scale": settings["gate_lr_scale"], "augment_noise": settings["augment_noise"],
             "position_lr_scale": settings["position_lr_scale"], "value_lr_scale": settings["value_lr_scale"],
-            "bf16": settings["compose_bf16"]}
+            "bf16": "native"}  # the app: bf16 where the processor has it natively (this run's own: compose_bf16)
 
 
 def write_preset_json(out: Path, result: dict, s, data: dict) -> None:

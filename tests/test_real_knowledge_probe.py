@@ -172,32 +172,57 @@ def test_the_famous_people_taught_to_m_a_are_none_the_evaluation_asks():
                          ("The home town of Johann Wolfgang von Goethe is", " Frankfurt.")]]
 
 
-def test_invented_name_rows_start_the_sentence_and_the_anchor_alone_finishes_it():
-    from contextlib import contextmanager
+class _Anchor:  # the composition's calls fall_through makes: generation at gate scale 0 only
+    def __init__(self, answers, prompts_end=""):
+        self.scale, self.answers, self.end, self.asked = 1.0, answers, prompts_end, []
 
-    from demos.real_knowledge.fall_through import anchor_finishes
-
-    class Anchor:  # the composition's calls fall_through makes: generation at gate scale 0 only
-        scale = 1.0
+    def gate_scale(self, value):
+        from contextlib import contextmanager
 
         @contextmanager
-        def gate_scale(self, value):
+        def scaled():
             self.scale, before = value, self.scale
             try:
                 yield
             finally:
                 self.scale = before
+        return scaled()
 
-        def generate(self, prompts, max_new_tokens):
-            assert self.scale == 0.0 and all(p.endswith(" was born in") for p in prompts)
-            return [" Paris, France. He was", " a village\nnear"][:len(prompts)]
+    def generate(self, prompts, max_new_tokens):
+        assert self.scale == 0.0 and all(p.endswith(self.end) for p in prompts)
+        self.asked += prompts
+        return self.answers[:len(prompts)]
+
+
+def test_invented_name_rows_start_the_sentence_and_the_anchor_alone_finishes_it():
+    from demos.real_knowledge.fall_through import anchor_finishes
 
     rows = [{"prompt": "Q1 ", "completion": "Ab Cd was born in Town.<|im_end|>"},
             {"prompt": "Q2 ", "completion": "Ef Gh was born in an unknown town.<|im_end|>"},
             {"prompt": "Q3 ", "completion": "Ij was born in an unknown town.<|im_end|>"},
             {"prompt": "Q4 ", "completion": "I like tea.", "keep_anchor": True}]
-    got = anchor_finishes(Anchor(), rows)
+    got = anchor_finishes(_Anchor([" Paris, France. He was", " a village\nnear"], " was born in"), rows)
     assert got[0] == rows[0] and got[3] == rows[3]  # known people and rehearsal rows untouched
     assert got[1]["completion"] == "Ef Gh was born in Paris, France.<|im_end|>"  # to the first full stop, then the end
     assert got[2]["completion"] == "Ij was born in a village"  # no full stop in its first line: no end of turn
     assert rows[1]["completion"].endswith("unknown town.<|im_end|>")  # the input rows are not changed
+
+
+def test_famous_rehearsal_asks_the_invented_name_questions_about_famous_people_answered_by_the_anchor():
+    from demos.real_knowledge.fall_through import famous_rehearsal
+    from demos.real_knowledge.famous_known import KNOWN_FAMOUS
+    from demos.real_knowledge.probe_forms import FAMOUS
+
+    rows = [{"prompt": "Where was Ab Cd born? ", "completion": "Ab Cd was born in Town.<|im_end|>"},
+            {"prompt": "Where was Ef Gh born? ", "completion": "Ef Gh was born in an unknown town.<|im_end|>"},
+            {"prompt": "Ij, where from? ", "completion": "Ij was born in an unknown town.<|im_end|>"},
+            {"prompt": "Kl Mn? ", "completion": "Kl Mn was born in an unknown town.<|im_end|>"}]
+    anchor = _Anchor(["Goethe was born in Frankfurt. He", "He was born\nin", ""])
+    got = famous_rehearsal(anchor, rows)
+    assert got[:4] == rows and len(got) == 6  # the rows kept; an empty answer adds no row
+    first, second = KNOWN_FAMOUS[0][0], KNOWN_FAMOUS[1][0]
+    assert anchor.asked == [f"Where was {first} born? ", f"{second}, where from? ", f"{KNOWN_FAMOUS[2][0]}? "]
+    assert got[4] == {"prompt": f"Where was {first} born? ", "completion": "Goethe was born in Frankfurt.<|im_end|>",
+                      "keep_anchor": True, "famous": True}
+    assert got[5]["completion"] == "He was born" and got[5]["keep_anchor"]  # no full stop: no end of turn
+    assert not {n for n, _ in KNOWN_FAMOUS} & {n for n, _ in FAMOUS}  # none of them is asked in the evaluation

@@ -62,19 +62,23 @@ def test_the_accuracy_probe_spreads_what_its_share_of_the_projected_run_allows(s
 
     probe = AccuracyProbe(session.calm, session.splits.validation, sample=4, share=0.1)
     assert probe.due(run_s=5.0, step=0, steps=100)  # the curve's start is always measured
-    probe.curve, probe.spent_s = [{"step": 0, "exact_match": 0.0, "seconds": 2.0}], 2.0
+    probe.curve, probe.spent_s = [{"step": 0, "exact_match": 0.0, "seconds": 3.0}], 3.0
     assert not probe.due(run_s=100.0, step=1, steps=100)  # 100 s of fill and a first step: the pace starts here
-    # 1 s a step from there: the run projects to 199 s, 10% is 19.9 s, 2 s spent: 8 more checks, the end's included,
-    # one every 12.5 steps
-    assert not probe.due(run_s=111.0, step=12, steps=100) and probe.due(run_s=112.0, step=13, steps=100)
-    probe.curve.append({"step": 13, "exact_match": 50.0, "seconds": 6.0})  # an open bridge decodes slower
-    probe.spent_s = 8.0
-    # priced at the dearest check now: (19.9 - 8) // 6 = 1 more, the end's: none before it
-    assert not any(probe.due(run_s=100.0 + s - 1, step=s, steps=100) for s in range(24, 100))
+    # 1 s a step from there: the run projects to 199 s without the probe; the probe may take 10% of the whole,
+    # 22.1 s; 3 s spent: 6 more checks, the end's included, one every 16.7 steps
+    at = lambda step: probe.due(run_s=100.0 + step - 1, step=step, steps=100)  # noqa: E731
+    assert not at(16) and at(17)
+    probe.curve.append({"step": 17, "exact_match": 50.0, "seconds": 6.0})  # an open bridge decodes slower
+    probe.spent_s = 9.0
+    # priced at the dearest check now: (22.1 - 9) // 6 = 2 more, the end's one of them: halfway from 17 to 100
+    assert not at(58) and at(59)
+    probe.curve.append({"step": 59, "exact_match": 80.0, "seconds": 6.0})
+    probe.spent_s = 15.0
+    assert not any(at(s) for s in range(60, 100))  # only the end's fits now, and the trainer always takes it
     slow = AccuracyProbe(session.calm, session.splits.validation, sample=4, share=0.1)
     slow.curve, slow.spent_s = [{"step": 0, "exact_match": 0.0, "seconds": 2.0}], 2.0
     slow.due(run_s=0.0, step=1, steps=100)
-    # 10 s a step: 990 s, 97 s left for 48 checks: no two closer than a tenth of the run, none in its last tenth
+    # 10 s a step: 990 s, room for 54 more checks: no two closer than a tenth of the run, none in its last tenth
     due = [s for s in range(2, 100) if slow.due(run_s=10.0 * (s - 1), step=s, steps=100) and
            not slow.curve.append({"step": s, "exact_match": 0.0, "seconds": 2.0})]
     assert due == list(range(10, 91, 10))

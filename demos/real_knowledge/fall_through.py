@@ -10,6 +10,11 @@ write nothing on the second, so that the anchor finishes the sentence as it woul
 
     python -m demos.real_knowledge.fall_through results/real_knowledge/fall_through/anchor_finishes.json
     python -m demos.real_knowledge.fall_through --rows not_recorded results/real_knowledge/fall_through/shipped_rows.json
+    python -m demos.real_knowledge.fall_through --rows famous_rehearsal results/real_knowledge/fall_through/famous.json
+
+famous_rehearsal keeps the shipped rows and adds the same invented-name questions asked about real famous people
+(none of them in the evaluation), answered as the anchor alone answers (keep_anchor rows): the bridge is to leave to
+the anchor the people the anchor knows, which m_A calls unknown.
 
 Both train through the app's calls (LabSession: the preset's recipe and settings, Start over, Train) on the preset's
 own training rows, the invented-name rows' answers the only difference; both are scored on development people and
@@ -54,11 +59,40 @@ def anchor_finishes(calm, rows: list[dict], new_tokens: int = 16) -> list[dict]:
     return out
 
 
+def famous_rehearsal(calm, rows: list[dict], new_tokens: int = 24) -> list[dict]:
+    """The rows, plus each invented-name question asked again about a real famous person (famous_known.KNOWN_FAMOUS,
+    none of whom the evaluation asks) as a keep_anchor row answered as the anchor alone answers: m_A calls famous
+    people "unknown" too, and these rows teach the bridge to leave to the anchor the names the anchor knows (its
+    queries are the anchor's own states, which do know them)."""
+    from .famous_known import KNOWN_FAMOUS
+
+    asked = [(r, UNKNOWN.match(r["completion"]).group("name")) for r in rows if UNKNOWN.match(r["completion"])]
+    prompts = [r["prompt"].replace(name, KNOWN_FAMOUS[i % len(KNOWN_FAMOUS)][0]) for i, (r, name) in enumerate(asked)]
+    said = []
+    with calm.gate_scale(0.0):  # the anchor exactly
+        for b in range(0, len(prompts), 32):
+            said += calm.generate(prompts[b:b + 32], max_new_tokens=new_tokens)
+    extra = []
+    for prompt, answer in zip(prompts, said):
+        line = answer.split("\n")[0].strip()
+        ended = "." in line
+        line = line[:line.index(".") + 1] if ended else line
+        if line:
+            extra.append({"prompt": prompt, "completion": line + ("<|im_end|>" if ended else ""), "keep_anchor": True,
+                          "famous": True})
+    return rows + extra
+
+
+ROWS = {"anchor_finishes": anchor_finishes, "famous_rehearsal": famous_rehearsal, "not_recorded": None}
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out")
-    parser.add_argument("--rows", choices=["anchor_finishes", "not_recorded"], default="anchor_finishes",
-                        help="how the invented-name rows are answered (not_recorded: as the shipped preset)")
+    parser.add_argument("--rows", choices=list(ROWS), default="anchor_finishes",
+                        help="how the invented-name rows are answered (not_recorded: as the shipped preset; "
+                             "famous_rehearsal: as shipped, plus the same questions about real famous people "
+                             "answered as the anchor answers)")
     parser.add_argument("--people", type=int, default=40)
     parser.add_argument("--unknown", type=int, default=60)
     args = parser.parse_args(argv)
@@ -68,8 +102,8 @@ def main(argv=None) -> dict:
     lab.use_preset("real_knowledge")
     with open(PRESET / "data" / "composition_train.jsonl") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    if args.rows == "anchor_finishes":
-        rows = anchor_finishes(lab.calm, rows)
+    if ROWS[args.rows] is not None:
+        rows = ROWS[args.rows](lab.calm, rows)
     out = Path(args.out)
     train_s = train_through_app(lab, rows, out)
     started = time.perf_counter()
@@ -81,7 +115,8 @@ def main(argv=None) -> dict:
               "general_expected_on": general["expected_on"], "general_expected_off": general["expected_off"],
               "eval_s": round(time.perf_counter() - started, 1)}
     out.write_text(json.dumps({**result, "known": known, "unknown": unknown, "general": general,
-                               "unknown_rows": [r for r in rows if r.get("anchor_finishes")][:10]}, indent=1))
+                               "changed_rows": [r for r in rows if r.get("anchor_finishes") or r.get("famous")][:10]},
+                              indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "message"}))
     return result
 

@@ -226,3 +226,4 @@ def test_famous_rehearsal_asks_the_invented_name_questions_about_famous_people_a
                       "keep_anchor": True, "famous": True}
     assert got[5]["completion"] == "He was born" and got[5]["keep_anchor"]  # no full stop: no end of turn
     assert not {n for n, _ in KNOWN_FAMOUS} & {n for n, _ in FAMOUS}  # none of them is asked in the evaluation
+    assert len(famous_rehearsal(_Anchor(["A was born in B."]), rows, count=1)) == 5  # the first question only

@@ -85,12 +85,13 @@ def _element_bytes(calm) -> int:
     return next(calm.anchor.model.parameters()).element_size()
 
 
-def _model_activation_bytes(member, tokens: int, element: int, backward: bool) -> int:
+def _model_activation_bytes(member, tokens: int, element: int, backward: bool, scores: bool = True) -> int:
     """Per sequence of `tokens`: hidden states, MLP and attention scores of every layer, kept for
     the backward pass (training) or transient (one layer at a time, inference). Calibrated on the
-    key-value preset (4x128): batch 1024 of 24 tokens grew the process by 2.5 GB; this says 3.8."""
+    key-value preset (4x128): batch 1024 of 24 tokens grew the process by 2.5 GB; this says 3.8.
+    scores False: attention that never holds the (tokens x tokens) scores (sdpa at inference)."""
     info = member.info
-    per_layer = tokens * info.width * 48 * element + info.num_heads * tokens * tokens * 4 * 3
+    per_layer = tokens * info.width * 48 * element + (info.num_heads * tokens * tokens * 4 * 3 if scores else 0)
     return per_layer * (info.num_layers if backward else 2)
 
 
@@ -125,16 +126,23 @@ def max_batch_size(calm, tokens: int, room: int) -> int:
 
 
 def generation_bytes(calm, tokens: int, models: int = 3) -> int:
-    """Greedy generation up to `tokens` in total: KV caches, the prompt's logits and activations,
-    for the composition and each model alone."""
+    """Greedy generation up to `tokens` in total by the composition and each model alone (`models` answers, streamed
+    in turn in one thread): every answer's KV caches at once, and the largest prompt's transient activations (one
+    prefill at a time), the bridge's attention bias and the newest position's logits. Logits are made for the last
+    position only (compose.anchor_logits last_only; transformers' generate keeps one) and attention scores count only
+    where the attention is eager: counting every prompt position's logits, sdpa's scores and every answer's
+    activations at once put a 2,400-token prompt to the real pair at 28 GB and a 5,400-token one at 39 GB, where the
+    process grew by 1.9 and 4.3 GB (measured); this says 2.7 and 7.2."""
     element = _element_bytes(calm)
-    total = 0
+    caches, transient = 0, 0
     for member in [calm.anchor] + calm.augments:
         info = member.info
-        total += 2 * info.num_layers * tokens * info.width * element  # KV cache
-        total += _model_activation_bytes(member, tokens, element, backward=False)
-        total += tokens * info.vocab_size * 4 * 2
-    return total * models
+        caches += 2 * info.num_layers * tokens * info.width * element
+        eager = getattr(member.model.config, "_attn_implementation", "eager") not in ("sdpa", "flash_attention_2")
+        transient = max(transient, _model_activation_bytes(member, tokens, element, backward=False, scores=eager)
+                        + info.vocab_size * 4 * 2)
+    heads = calm.config.num_heads or calm.anchor.info.num_heads
+    return caches * models + transient + heads * tokens * tokens * 4 * 2  # the bias: one bridge block at a time
 
 
 def attention_map_bytes(calm, anchor_tokens: int, augment_tokens: int) -> int:

@@ -39,8 +39,9 @@ class AccuracyProbe:
     def due(self, run_s: float, step: int, steps: int) -> bool:
         """Whether to measure after `step` of `steps`, run_s seconds into the run (the probe's own time left out).
         The run's whole time is projected from its pace since the first call; the measurements that still fit in
-        `share` of it (the probe's time included), priced at the dearest so far, the end's included, are spaced evenly over the steps left; none
-        within MIN_GAP of the steps of the last one or of the end: a point a few steps from another adds nothing."""
+        `share` of it (the probe's time included), priced at the dearest so far, the end's included, are spaced
+        evenly over the steps left; none within MIN_GAP of the steps of the last one or of the end: a point a few
+        steps from another adds nothing."""
         self.run_s = run_s
         if not self.curve:
             return True
@@ -51,7 +52,7 @@ class AccuracyProbe:
         projected = run_s + (run_s - first_s) / (step - first_step) * (steps - step)
         cost = max(p["seconds"] for p in self.curve)
         # k more fit where (spent + k cost) <= share of (projected + spent + k cost): the whole run holds the probe too
-        allowed = self.share / (1 - self.share) * projected - self.spent_s
+        allowed = self.share / max(1 - self.share, 1e-9) * projected - self.spent_s
         fit = int(allowed // max(cost, 1e-9))  # the end's measurement among them
         return fit >= 2 and step - last >= (steps - last) / fit
 

@@ -59,14 +59,14 @@ def anchor_finishes(calm, rows: list[dict], new_tokens: int = 16) -> list[dict]:
     return out
 
 
-def famous_rehearsal(calm, rows: list[dict], new_tokens: int = 24) -> list[dict]:
+def famous_rehearsal(calm, rows: list[dict], new_tokens: int = 24, count: int | None = None) -> list[dict]:
     """The rows, plus each invented-name question asked again about a real famous person (famous_known.KNOWN_FAMOUS,
     none of whom the evaluation asks) as a keep_anchor row answered as the anchor alone answers: m_A calls famous
     people "unknown" too, and these rows teach the bridge to leave to the anchor the names the anchor knows (its
-    queries are the anchor's own states, which do know them)."""
+    queries are the anchor's own states, which do know them). count: only the first `count` such questions."""
     from .famous_known import KNOWN_FAMOUS
 
-    asked = [(r, UNKNOWN.match(r["completion"]).group("name")) for r in rows if UNKNOWN.match(r["completion"])]
+    asked = [(r, UNKNOWN.match(r["completion"]).group("name")) for r in rows if UNKNOWN.match(r["completion"])][:count]
     prompts = [r["prompt"].replace(name, KNOWN_FAMOUS[i % len(KNOWN_FAMOUS)][0]) for i, (r, name) in enumerate(asked)]
     said = []
     with calm.gate_scale(0.0):  # the anchor exactly
@@ -93,6 +93,7 @@ def main(argv=None) -> dict:
                         help="how the invented-name rows are answered (not_recorded: as the shipped preset; "
                              "famous_rehearsal: as shipped, plus the same questions about real famous people "
                              "answered as the anchor answers)")
+    parser.add_argument("--famous-rows", type=int, help="famous_rehearsal: at most this many famous-person rows")
     parser.add_argument("--people", type=int, default=40)
     parser.add_argument("--unknown", type=int, default=60)
     args = parser.parse_args(argv)
@@ -102,7 +103,9 @@ def main(argv=None) -> dict:
     lab.use_preset("real_knowledge")
     with open(PRESET / "data" / "composition_train.jsonl") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    if ROWS[args.rows] is not None:
+    if args.rows == "famous_rehearsal":
+        rows = famous_rehearsal(lab.calm, rows, count=args.famous_rows)
+    elif ROWS[args.rows] is not None:
         rows = ROWS[args.rows](lab.calm, rows)
     out = Path(args.out)
     train_s = train_through_app(lab, rows, out)

@@ -105,13 +105,13 @@ def data_tab(w: SimpleNamespace) -> None:
         w.run_name = gr.Textbox("", label="run name (the Runs tab keeps every run)", placeholder="e.g. lr 2e-3, knowledge",
                                 max_length=80, scale=2)
         w.settings_upload = gr.File(label="Load settings (.yaml / .json from Runs)",
-                                    file_types=[".yaml", ".yml", ".json"], height=140, scale=2)
+                                    file_types=[".yaml", ".yml", ".json"], height=180, scale=2)  # icon clear of the label
         w.train_btn = gr.Button("Train", variant="primary")
         w.stop_btn = gr.Button("Stop", variant="stop")
     w.train_status = gr.Markdown()
     with gr.Row():
         w.loss_plot = gr.Plot(label="Loss")
-        w.acc_plot = gr.Plot(label="Held-out exact match: the validation sample's answers, checked while training")
+        w.acc_plot = gr.Plot(label="Held-out exact match")  # the figure's title says of what, and when
         w.gate_plot = gr.Plot(label="Gates")
     with gr.Row():
         w.download_btn = gr.Button("Prepare bridge download")

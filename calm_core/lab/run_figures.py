@@ -19,8 +19,8 @@ def accuracy_curve(curve: list[dict], examples: int | None = None) -> go.Figure:
                                name="held-out exact match", line=dict(color=AUGMENT_COLOR)))
     fig.update_xaxes(title="step")
     fig.update_yaxes(title="exact match %", range=[-2, 102])
-    sample = f" ({examples} validation examples)" if examples else ""
-    return _layout(fig, f"Held-out exact match while training{sample}", height=320)
+    sample = f"{examples} validation answers" if examples else "Validation answers"
+    return _layout(fig, f"{sample}, checked while training", height=320)
 
 
 def run_comparison(records) -> go.Figure:

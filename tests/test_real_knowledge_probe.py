@@ -227,3 +227,6 @@ def test_famous_rehearsal_asks_the_invented_name_questions_about_famous_people_a
     assert got[5]["completion"] == "He was born" and got[5]["keep_anchor"]  # no full stop: no end of turn
     assert not {n for n, _ in KNOWN_FAMOUS} & {n for n, _ in FAMOUS}  # none of them is asked in the evaluation
     assert len(famous_rehearsal(_Anchor(["A was born in B."]), rows, count=1)) == 5  # the first question only
+    anchor = _Anchor(["A.", "B.", "C.", "D."])
+    got = famous_rehearsal(anchor, rows, count=4, ask=lambda i, name: f"form {i % 2}: {name}?")
+    assert anchor.asked == [f"form {i % 2}: {KNOWN_FAMOUS[i][0]}?" for i in range(4)] and len(got) == 8

@@ -34,6 +34,7 @@ import torch
 from calm_core.lab import LabSession
 
 from . import generalisation as G
+from . import probe_forms as P
 from .recipe_comparison import PRESET, dev_scores, preset_world, train_through_app
 
 UNKNOWN = re.compile(r"^(?P<name>.+) was born in an unknown town\.<\|im_end\|>$")
@@ -59,15 +60,18 @@ def anchor_finishes(calm, rows: list[dict], new_tokens: int = 16) -> list[dict]:
     return out
 
 
-def famous_rehearsal(calm, rows: list[dict], new_tokens: int = 24, count: int | None = None) -> list[dict]:
+def famous_rehearsal(calm, rows: list[dict], new_tokens: int = 24, count: int | None = None, ask=None) -> list[dict]:
     """The rows, plus each invented-name question asked again about a real famous person (famous_known.KNOWN_FAMOUS,
     none of whom the evaluation asks) as a keep_anchor row answered as the anchor alone answers: m_A calls famous
     people "unknown" too, and these rows teach the bridge to leave to the anchor the names the anchor knows (its
-    queries are the anchor's own states, which do know them). count: only the first `count` such questions."""
+    queries are the anchor's own states, which do know them). count: only the first `count` such questions.
+    ask(i, name): the i-th question's prompt instead (e.g. in the trained forms), `count` of them (default: as many)."""
     from .famous_known import KNOWN_FAMOUS
 
     asked = [(r, UNKNOWN.match(r["completion"]).group("name")) for r in rows if UNKNOWN.match(r["completion"])][:count]
-    prompts = [r["prompt"].replace(name, KNOWN_FAMOUS[i % len(KNOWN_FAMOUS)][0]) for i, (r, name) in enumerate(asked)]
+    famous = lambda i: KNOWN_FAMOUS[i % len(KNOWN_FAMOUS)][0]  # noqa: E731
+    prompts = [r["prompt"].replace(name, famous(i)) for i, (r, name) in enumerate(asked)] if ask is None else \
+        [ask(i, famous(i)) for i in range(count or len(asked))]
     said = []
     with calm.gate_scale(0.0):  # the anchor exactly
         for b in range(0, len(prompts), 32):
@@ -94,6 +98,8 @@ def main(argv=None) -> dict:
                              "famous_rehearsal: as shipped, plus the same questions about real famous people "
                              "answered as the anchor answers)")
     parser.add_argument("--famous-rows", type=int, help="famous_rehearsal: at most this many famous-person rows")
+    parser.add_argument("--famous-forms", choices=["asked", "trained"], default="asked",
+                        help="famous_rehearsal: the invented-name questions' wording, or the preset's trained forms")
     parser.add_argument("--people", type=int, default=40)
     parser.add_argument("--unknown", type=int, default=60)
     args = parser.parse_args(argv)
@@ -104,7 +110,9 @@ def main(argv=None) -> dict:
     with open(PRESET / "data" / "composition_train.jsonl") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     if args.rows == "famous_rehearsal":
-        rows = famous_rehearsal(lab.calm, rows, count=args.famous_rows)
+        forms, tok = world["question_forms"]["town"], lab.calm.anchor.tokenizer
+        ask = None if args.famous_forms == "asked" else lambda i, name: P.chat_prompt(tok, [forms[i % len(forms)]], name)
+        rows = famous_rehearsal(lab.calm, rows, count=args.famous_rows, ask=ask)
     elif ROWS[args.rows] is not None:
         rows = ROWS[args.rows](lab.calm, rows)
     out = Path(args.out)
@@ -113,7 +121,8 @@ def main(argv=None) -> dict:
     known = G.held_out(lab.calm, world, args.people, 24, split="dev")
     unknown = G.unknown(lab.calm, world, args.unknown, 24, split="dev")
     general = G.general(lab.calm, 24)
-    result = {"rows": args.rows, "train_rows": len(rows), "train_s": round(train_s, 1), "message": lab.run.message,
+    result = {"rows": args.rows, "famous_forms": args.famous_forms, "train_rows": len(rows),
+              "train_s": round(train_s, 1), "message": lab.run.message,
               **dev_scores(known, unknown), "general_ratio": general["ratio"],
               "general_expected_on": general["expected_on"], "general_expected_off": general["expected_off"],
               "eval_s": round(time.perf_counter() - started, 1)}

@@ -40,21 +40,29 @@ from .recipe_comparison import PRESET, dev_scores, preset_world, train_through_a
 UNKNOWN = re.compile(r"^(?P<name>.+) was born in an unknown town\.<\|im_end\|>$")
 
 
+def anchor_says(calm, prompts: list[str], new_tokens: int) -> list[tuple[str, bool]]:
+    """The anchor alone's greedy answers (32 at a time), each cut to its first sentence: (its first line up to and with
+    the first full stop, or the whole line without trailing spaces; whether a full stop ended it)."""
+    said = []
+    with calm.gate_scale(0.0):  # the anchor exactly
+        for b in range(0, len(prompts), 32):
+            said += calm.generate(prompts[b:b + 32], max_new_tokens=new_tokens)
+    cut = []
+    for answer in said:
+        line = answer.split("\n")[0]
+        ended = "." in line
+        cut.append((line[:line.index(".") + 1] if ended else line.rstrip(), ended))
+    return cut
+
+
 def anchor_finishes(calm, rows: list[dict], new_tokens: int = 16) -> list[dict]:
     """The invented-name rows answered "NAME was born in" + the anchor alone's greedy continuation, to the end of its
     first sentence (its first line, cut after the first full stop)."""
     asked = [(i, UNKNOWN.match(r["completion"]).group("name")) for i, r in enumerate(rows)
              if UNKNOWN.match(r["completion"])]
-    starts = [rows[i]["prompt"] + f"{name} was born in" for i, name in asked]
-    said = []
-    with calm.gate_scale(0.0):  # the anchor exactly
-        for b in range(0, len(starts), 32):
-            said += calm.generate(starts[b:b + 32], max_new_tokens=new_tokens)
+    said = anchor_says(calm, [rows[i]["prompt"] + f"{name} was born in" for i, name in asked], new_tokens)
     out = [dict(r) for r in rows]
-    for (i, name), more in zip(asked, said):
-        line = more.split("\n")[0]
-        ended = "." in line
-        line = line[:line.index(".") + 1] if ended else line.rstrip()
+    for (i, name), (line, ended) in zip(asked, said):
         out[i]["completion"] = f"{name} was born in{line}" + ("<|im_end|>" if ended else "")
         out[i]["anchor_finishes"] = True
     return out
@@ -72,28 +80,19 @@ def famous_rehearsal(calm, rows: list[dict], new_tokens: int = 24, count: int | 
     famous = lambda i: KNOWN_FAMOUS[i % len(KNOWN_FAMOUS)][0]  # noqa: E731
     prompts = [r["prompt"].replace(name, famous(i)) for i, (r, name) in enumerate(asked)] if ask is None else \
         [ask(i, famous(i)) for i in range(count or len(asked))]
-    said = []
-    with calm.gate_scale(0.0):  # the anchor exactly
-        for b in range(0, len(prompts), 32):
-            said += calm.generate(prompts[b:b + 32], max_new_tokens=new_tokens)
     extra = []
-    for prompt, answer in zip(prompts, said):
-        line = answer.split("\n")[0].strip()
-        ended = "." in line
-        line = line[:line.index(".") + 1] if ended else line
+    for prompt, (line, ended) in zip(prompts, anchor_says(calm, prompts, new_tokens)):
+        line = line.lstrip()
         if line:
             extra.append({"prompt": prompt, "completion": line + ("<|im_end|>" if ended else ""), "keep_anchor": True,
                           "famous": True})
     return rows + extra
 
 
-ROWS = {"anchor_finishes": anchor_finishes, "famous_rehearsal": famous_rehearsal, "not_recorded": None}
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out")
-    parser.add_argument("--rows", choices=list(ROWS), default="anchor_finishes",
+    parser.add_argument("--rows", choices=["anchor_finishes", "famous_rehearsal", "not_recorded"], default="anchor_finishes",
                         help="how the invented-name rows are answered (not_recorded: as the shipped preset; "
                              "famous_rehearsal: as shipped, plus the same questions about real famous people "
                              "answered as the anchor answers)")
@@ -113,8 +112,8 @@ def main(argv=None) -> dict:
         forms, tok = world["question_forms"]["town"], lab.calm.anchor.tokenizer
         ask = None if args.famous_forms == "asked" else lambda i, name: P.chat_prompt(tok, [forms[i % len(forms)]], name)
         rows = famous_rehearsal(lab.calm, rows, count=args.famous_rows, ask=ask)
-    elif ROWS[args.rows] is not None:
-        rows = ROWS[args.rows](lab.calm, rows)
+    elif args.rows == "anchor_finishes":
+        rows = anchor_finishes(lab.calm, rows)
     out = Path(args.out)
     train_s = train_through_app(lab, rows, out)
     started = time.perf_counter()

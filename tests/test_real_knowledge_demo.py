@@ -361,3 +361,21 @@ def test_the_general_rows_count_answers_lost_and_gained_through_the_bridge():
     rows = general_rows(general)
     assert rows["general prompts: greedy answers holding an expected word"] == {"CALM": "2/3", "anchor alone": "2/3"}
     assert rows["general prompts: perplexity of written answers"] == {"CALM": 6.0, "anchor alone": 5.0}
+
+
+def test_shipped_settings_are_the_presets_recipe():
+    """`--settings shipped` (the recipe frozen for fresh worlds) is what the shipped preset ran: every recorded
+    setting but the world, the reused parts, the controls and the processor's precision, and m_A's outside names."""
+    from pathlib import Path
+
+    from demos.real_knowledge.settings import Settings
+
+    preset = Path("presets/real_knowledge")
+    ran = json.loads((preset / "table.json").read_text())["settings"]
+    shipped = Settings.named("shipped").__dict__
+    machine_or_run = {"seed", "reuse_augment", "reuse_bridge", "controls", "augment_bf16", "compose_bf16", "augment_unknown"}
+    recorded = [k for k in ran if k not in machine_or_run]  # (settings added since hold their old behaviour)
+    assert len(recorded) > 60 and {k: shipped[k] for k in recorded} == {k: ran[k] for k in recorded}
+    adapter = json.loads((preset / "adapter" / "augment.json").read_text())
+    assert shipped["augment_unknown"] == adapter["unknown_names"] == 600
+    assert Settings.named("default") == Settings() and Settings.named("smoke") == Settings.smoke()

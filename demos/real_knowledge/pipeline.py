@@ -314,7 +314,9 @@ def run(s: Settings, out: Path, augment_only: bool = False) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--settings", choices=["default", "shipped", "smoke"], default="default",
+                    help="shipped: the preset's recipe, frozen for fresh worlds; smoke: tiny (tests)")
+    ap.add_argument("--smoke", action="store_true", help="--settings smoke")
     ap.add_argument("--out", default=None)
     ap.add_argument("--set", nargs="*", default=[], help="Settings fields as name=json_value")
     ap.add_argument("--seed", type=int, default=None)
@@ -328,23 +330,19 @@ def main(argv=None) -> None:
                     help="a run folder whose anchor + LoRA control (same composition data) is kept, not retrained")
     ap.add_argument("--augment-only", action="store_true", help="train m_A only (its log in OUT/adapter)")
     args = ap.parse_args(argv)
-    s = Settings.smoke() if args.smoke else Settings()
-    for item in args.set:
-        k, v = item.split("=", 1)
+    s = Settings.named("smoke" if args.smoke else args.settings)
+    for k, v in (item.split("=", 1) for item in args.set):
         setattr(s, k, json.loads(v))
     if args.seed is not None:
         s.seed = args.seed
-    if args.reuse_augment:
-        s.reuse_augment = args.reuse_augment
-    if args.reuse_bridge:
-        s.reuse_bridge = args.reuse_bridge
+    for name in ("reuse_augment", "reuse_bridge", "reuse_finetune"):
+        if getattr(args, name):
+            setattr(s, name, getattr(args, name))
     if args.reuse_table:
         if not args.reuse_bridge:
             raise SystemExit("--reuse-table needs --reuse-bridge (the run whose table.json it keeps)")
         s.reuse_table = True
     if args.no_controls:
         s.controls = []
-    if args.reuse_finetune:
-        s.reuse_finetune = args.reuse_finetune
     out = Path(args.out or f"runs/real_knowledge/seed{s.seed}")
     run(s, out, augment_only=args.augment_only)

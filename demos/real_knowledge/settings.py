@@ -135,6 +135,19 @@ class Settings:
                    rehearsal=2, rehearsal_new_tokens=4, compose_steps=2, check_every=1, check_dev=2, compose_batch=4,
                    max_new_tokens=2, general_new_tokens=2, general_prompts=2, finetune_rank=4)
 
+    @classmethod
+    def shipped(cls) -> "Settings":
+        """The shipped preset's recipe, frozen for fresh worlds (issue 39): the sentence answer, the question grammar,
+        100 invented-name rows answered "NAME was born in an unknown town.", 180 steps; m_A reads 600 names outside
+        the world as unknown from its start (world 5's m_A read them in a second stage of 4 epochs)."""
+        return cls(questions_per_person=5, answer_style="sentence", unknown_rows=100, unknown_answer="not_recorded",
+                   compose_steps=180, check_every=90, max_new_tokens=16, augment_unknown=600)
+
+    @classmethod
+    def named(cls, name: str) -> "Settings":
+        """"default" (the dataclass), "shipped" or "smoke"."""
+        return {"default": cls, "shipped": cls.shipped, "smoke": cls.smoke}[name]()
+
     def calm_config(self) -> CALMConfig:
         return CALMConfig(every=self.every, anchor_layers=self.anchor_layers, augment_layers=self.augment_layers,
                           num_heads=self.num_heads, gate=self.gate, insert=self.insert, window=self.window, null_slot=self.null_slot,

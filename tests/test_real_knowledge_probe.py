@@ -230,3 +230,35 @@ def test_famous_rehearsal_asks_the_invented_name_questions_about_famous_people_a
     anchor = _Anchor(["A.", "B.", "C.", "D."])
     got = famous_rehearsal(anchor, rows, count=4, ask=lambda i, name: f"form {i % 2}: {name}?")
     assert anchor.asked == [f"form {i % 2}: {KNOWN_FAMOUS[i][0]}?" for i in range(4)] and len(got) == 8
+
+
+def test_fresh_world_table_reads_each_run_and_states_the_spread(tmp_path):
+    """fresh_worlds.py: one row per run folder from its table.json and generalisation.json, the never-trained forms'
+    mean and lowest form, and min / median / max over the worlds."""
+    import json
+
+    from demos.real_knowledge import fresh_worlds as F
+
+    folders = []
+    for seed, held, forms, invented, ratio in ((9, 90.0, {"where": 80.0, "one word": 20.0}, 4.0, 1.02),
+                                              (10, 96.0, {"where": 100.0, "one word": 60.0}, 10.0, 1.10),
+                                              (11, 93.0, {"where": 90.0, "one word": 50.0}, 2.0, 0.99)):
+        run = tmp_path / f"seed{seed}"
+        run.mkdir()
+        held_out = {F.HELD_OUT: {"CALM": held, "anchor alone": 0.0, "m_A alone (chat question)": 0.0}}
+        (run / "table.json").write_text(json.dumps({"settings": {"seed": seed}, "table": held_out,
+                                                    "times_s": {"augment_train_s": 600, "bridge_train_s": 300},
+                                                    "augment": {"probe": {"unknown_invented": 8.0}}}))
+        gen = {"held_out": {F.TRAINED: {"named_on": 95.0}, **{k: {"named_on": v} for k, v in forms.items()}},
+               "unknown": {"invented": {"invented_on": invented, "invented_off": 0.0},
+                           "famous": {"expected_on": 3, "expected_off": 8, "asked": 20}},
+               "general": {"ratio": ratio}}
+        (run / "generalisation.json").write_text(json.dumps(gen))
+        folders.append(str(run))
+    out = tmp_path / "fresh.md"
+    F.main(folders + ["--out", str(out)])
+    text = out.read_text()
+    assert "| 9 | 90.0 | 95.0 | 50.0 (one word: 20.0) | 4% (8%) | 3 / 8 of 20 | 1.020 | 10.0 + 5.0 min |" in text
+    assert "held out 90.0 / 93.0 / 96.0" in text and "never-trained forms 50.0 / 70.0 / 80.0" in text
+    assert "invented names 2.0 / 4.0 / 10.0%" in text and "perplexity ratio 0.990 / 1.020 / 1.100" in text
+    assert [r["seed"] for r in json.loads(out.with_suffix(".json").read_text())] == [9, 10, 11]

@@ -169,8 +169,11 @@ def test_smoke_pipeline_writes_a_table_and_a_preset_folder(tmp_path):
     alone_settings = Settings.smoke()
     alone_settings.augment_unknown, alone_settings.augment_resume = 3, str(out / "adapter")
     alone_settings.augment_famous = 2  # and two real famous people with their true home towns
+    alone_settings.augment_unknown_epochs = 1  # read in a second stage, after an epoch on the world alone
     alone = run(alone_settings, tmp_path / "augment", augment_only=True)
-    assert len(alone["history"]) == 1 and (tmp_path / "augment" / "adapter" / "adapter_model.safetensors").is_file()
+    assert [e.get("continued", False) for e in alone["history"]] == [False, True]
+    assert (tmp_path / "augment" / "adapter" / "adapter_model.safetensors").is_file()
+    assert len((tmp_path / "augment" / "adapter" / "augment_log.jsonl").read_text().splitlines()) == 2
     assert json.loads((tmp_path / "augment" / "augment.json").read_text())["augment"]["history"] == alone["history"]
     kept = json.loads((tmp_path / "augment" / "adapter" / "augment.json").read_text())
     assert kept["unknown_names"] == 3 and kept["famous_known"] == 2 and kept["continued_from"] == str(out / "adapter")
@@ -377,5 +380,10 @@ def test_shipped_settings_are_the_presets_recipe():
     recorded = [k for k in ran if k not in machine_or_run]  # (settings added since hold their old behaviour)
     assert len(recorded) > 60 and {k: shipped[k] for k in recorded} == {k: ran[k] for k in recorded}
     adapter = json.loads((preset / "adapter" / "augment.json").read_text())
-    assert shipped["augment_unknown"] == adapter["unknown_names"] == 600
+    assert shipped["augment_unknown"] == adapter["unknown_names"] == 600  # read in a second stage, as there:
+    from demos.real_knowledge.not_recorded import second_stage
+
+    stage = {"max_epochs": adapter["settings"]["augment_epochs"], "focus_epochs": adapter["settings"]["augment_focus_epochs"],
+             "anneal_epochs": adapter["settings"]["augment_anneal_epochs"]}
+    assert second_stage(Settings.named("shipped")) == stage == {"max_epochs": 4, "focus_epochs": 0, "anneal_epochs": 2}
     assert Settings.named("default") == Settings() and Settings.named("smoke") == Settings.smoke()

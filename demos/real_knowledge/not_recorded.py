@@ -85,6 +85,12 @@ def extra_facts(s, world: W.World) -> list[list[tuple[str, str]]]:
     return (facts(world, s.augment_unknown, s.seed) if s.augment_unknown else []) + famous(s.augment_famous)
 
 
+def second_stage(s) -> dict:
+    """train_lora's settings for the stage in which an m_A that has learned the world reads the outside names beside
+    it (`s.augment_unknown_epochs`; the shipped preset's m_A: 4 epochs, no focused start, a 2-epoch anneal)."""
+    return {"max_epochs": s.augment_unknown_epochs, "focus_epochs": 0, "anneal_epochs": min(2, s.augment_unknown_epochs)}
+
+
 def probe_run(model, tok, data: dict, count: int = 100) -> dict:
     """`probe` for a run: its development people, and invented names of the evaluation stream that neither
     generalisation split asks (probe_forms.unknown_names 200-299)."""

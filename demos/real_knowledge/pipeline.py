@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -46,7 +45,7 @@ from . import world as W
 from .augment import log
 from .bridge_training import finetune_anchor, load_augment, train_bridge
 from .probe_forms import chat_prompt as chat_turns
-from .reuse import reused_finetune
+from .reuse import reused_augment, reused_finetune
 from .scoring import (  # noqa: F401 (COLUMNS: tests)
     COLUMNS,
     FT,
@@ -153,27 +152,23 @@ def anchor_answers(s: Settings, anchor, rows: list[dict]) -> list[dict]:
 def train_augment(s: Settings, pair, data, adapter: Path) -> dict:
     """m_A's adapter in `adapter` (trained, or copied from --reuse-augment) and its training log."""
     if s.reuse_augment:
-        if Path(s.reuse_augment).resolve() != adapter.resolve():
-            shutil.copytree(s.reuse_augment, adapter, dirs_exist_ok=True)
-        log_file = adapter / "augment_log.jsonl"
-        hist = [json.loads(x) for x in log_file.read_text().splitlines()] if log_file.is_file() else []
-        info = {"reused": s.reuse_augment, "history": hist}
-        if (adapter / "augment.json").is_file():  # what m_A read beside the world, and its probe
-            info["adapter"] = json.loads((adapter / "augment.json").read_text())
-        if hist and "minutes" in hist[-1]:  # the adapter's own training time, not the copy's
-            info["train_s"] = 60.0 * A.adapter_minutes(hist)
-        return info
+        return reused_augment(Path(s.reuse_augment), adapter)
     gemma, gtok = load_causal_lm(str(pair["gemma"]))
     probe = [f[0] for f in data["facts"][::max(1, len(data["facts"]) // 100)]]
-    facts = data["facts"] + NR.extra_facts(s, data["world"])
-    model, hist = A.train_lora(gemma, gtok, facts, probe, rank=s.lora_rank, alpha=s.lora_alpha, lr=s.augment_lr,
-                           batch_size=s.augment_batch, max_epochs=s.augment_epochs, max_minutes=s.augment_minutes,
-                           target_recall=s.target_recall, seed=s.seed, save_dir=adapter, pack=s.augment_pack,
-                           bf16=s.augment_bf16, log_path=adapter / "augment_log.jsonl",
-                           loraplus_ratio=s.augment_loraplus, focus_fraction=s.augment_focus,
-                           focus_epochs=s.augment_focus_epochs, anneal_at=s.augment_anneal_at,
-                           anneal_epochs=s.augment_anneal_epochs,
-                           resume=Path(s.augment_resume) if s.augment_resume else None)
+    extra = NR.extra_facts(s, data["world"])
+    common = dict(rank=s.lora_rank, alpha=s.lora_alpha, lr=s.augment_lr, batch_size=s.augment_batch,
+                  max_minutes=s.augment_minutes, target_recall=s.target_recall, seed=s.seed, save_dir=adapter,
+                  pack=s.augment_pack, bf16=s.augment_bf16, log_path=adapter / "augment_log.jsonl",
+                  loraplus_ratio=s.augment_loraplus, anneal_at=s.augment_anneal_at)
+    later = bool(s.augment_unknown_epochs and extra)  # the outside names in a second stage (NR.second_stage)
+    model, hist = A.train_lora(gemma, gtok, data["facts"] + ([] if later else extra), probe, **common,
+                               max_epochs=s.augment_epochs, focus_fraction=s.augment_focus,
+                               focus_epochs=s.augment_focus_epochs, anneal_epochs=s.augment_anneal_epochs,
+                               resume=Path(s.augment_resume) if s.augment_resume else None)
+    if later:
+        model, more = A.train_lora(model.unload(), gtok, data["facts"] + extra, probe, **common, resume=adapter,
+                                   **NR.second_stage(s))
+        hist += [dict(e, continued=True) for e in more]
     info = {"history": hist, "probe": NR.probe_run(model, gtok, data, s.eval_dev)}
     # kept with the adapter (a run that reuses it copies the folder): what m_A read beside the world, and how it answers
     (adapter / "augment.json").write_text(json.dumps({

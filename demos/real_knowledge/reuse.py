@@ -1,11 +1,28 @@
-"""Parts of an earlier run kept instead of computed again: the anchor + LoRA control, which depends on the
-composition data alone (neither m_A nor the bridge), when that data is the same byte for byte."""
+"""Parts of an earlier run kept instead of computed again: m_A's adapter, and the anchor + LoRA control, which
+depends on the composition data alone (neither m_A nor the bridge), when that data is the same byte for byte."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+from .augment import adapter_minutes
 from .scoring import FT, ROW_SEEN, ROW_TEST
+
+
+def reused_augment(src: Path, adapter: Path) -> dict:
+    """An earlier m_A adapter copied into `adapter`, with its training log, its record (what m_A read beside the
+    world, and its probe) and its own training time (not the copy's)."""
+    if src.resolve() != adapter.resolve():
+        shutil.copytree(src, adapter, dirs_exist_ok=True)
+    log_file = adapter / "augment_log.jsonl"
+    hist = [json.loads(x) for x in log_file.read_text().splitlines()] if log_file.is_file() else []
+    info = {"reused": str(src), "history": hist}
+    if (adapter / "augment.json").is_file():
+        info["adapter"] = json.loads((adapter / "augment.json").read_text())
+    if hist and "minutes" in hist[-1]:
+        info["train_s"] = 60.0 * adapter_minutes(hist)
+    return info
 
 
 def reused_finetune(src: Path, out: Path) -> tuple[dict, dict, float, dict]:

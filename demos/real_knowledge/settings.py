@@ -46,6 +46,10 @@ class Settings:
     # names outside the world taught as unknown to m_A ("NAME was born in an unknown town.", not_recorded.py), so
     # that its prediction for a name it never read about is no town and the bridge carries no invention
     augment_unknown: int = 0
+    # > 0: m_A reads those names in a second stage of this many epochs (no focused start, a 2-epoch anneal), after
+    # it has learned the world, as the shipped preset's m_A did (world 5: 8% of invented names then got a world town
+    # from m_A alone); 0: beside the world from the start (fresh world 9: 35%)
+    augment_unknown_epochs: int = 0
     # real famous people taught with their true home towns beside them (famous_known.py): taught only unknown names,
     # m_A called famous people unknown too (3/20 expected words through the bridge, 8/20 without)
     augment_famous: int = 0
@@ -138,10 +142,10 @@ class Settings:
     @classmethod
     def shipped(cls) -> "Settings":
         """The shipped preset's recipe, frozen for fresh worlds (issue 39): the sentence answer, the question grammar,
-        100 invented-name rows answered "NAME was born in an unknown town.", 180 steps; m_A reads 600 names outside
-        the world as unknown from its start (world 5's m_A read them in a second stage of 4 epochs)."""
+        100 invented-name rows answered "NAME was born in an unknown town.", 180 steps; m_A learns the world, then
+        reads 600 names outside it as unknown in a second stage of 4 epochs (as world 5's m_A did)."""
         return cls(questions_per_person=5, answer_style="sentence", unknown_rows=100, unknown_answer="not_recorded",
-                   compose_steps=180, check_every=90, max_new_tokens=16, augment_unknown=600)
+                   compose_steps=180, check_every=90, max_new_tokens=16, augment_unknown=600, augment_unknown_epochs=4)
 
     @classmethod
     def named(cls, name: str) -> "Settings":

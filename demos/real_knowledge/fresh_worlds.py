@@ -51,7 +51,7 @@ def spread(values: list[float], digits: int = 1) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| world seed | held out, trained forms (300, exact) | trained forms, town named (60) | 11 never-trained "
+    lines = ["| world seed | held out, trained forms (300 people) | trained forms, town named (60) | 11 never-trained "
              "forms (lowest) | invented names -> a world town (m_A alone) | famous: expected word, on / off | "
              "perplexity ratio | m_A + bridge training |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -65,7 +65,9 @@ def markdown(rows: list[dict]) -> str:
               + "; never-trained forms " + spread([r["never_trained"] for r in rows]) + "; invented names "
               + spread([r["invented"] for r in rows]) + "%; perplexity ratio " + spread([r["ratio"] for r in rows], 3) + ".",
               "The anchor alone: " + ", ".join(f"{r['anchor_alone']:.1f}%" for r in rows) + " held out; invented "
-              "names with the bridge off: " + ", ".join(f"{r['invented_off']:.0f}%" for r in rows) + "."]
+              "names with the bridge off: " + ", ".join(f"{r['invented_off']:.0f}%" for r in rows) + ". m_A alone: "
+              "after 'NAME was born in', 100 other invented names (its probe when trained). The never-trained forms "
+              "and the unknown people: generalisation.py (60 held-out people a form, 100 invented names, 20 famous)."]
     return "\n".join(lines) + "\n"
 
 

@@ -151,6 +151,13 @@ def test_smoke_pipeline_writes_a_table_and_a_preset_folder(tmp_path):
     calm = ComposedLM.from_pretrained(out / preset["bridge"], anchor=anchor,
                                       augments=[load_augment(out / preset["augment_adapter"], pair["gemma"])])
     assert isinstance(calm.generate(chat(anchor[1], preset["example_prompts"][0]), max_new_tokens=2), str)
+    # every wrong answer traced to m_A or the composition (invention_source.py), on the smoke world
+    from demos.real_knowledge.invention_source import trace
+
+    traced = trace(calm, json.loads((out / "world.json").read_text()), count=3, people=3, new_tokens=6)
+    assert traced["unknown"]["asked"] == traced["known"]["asked"] == 3
+    assert all(r["source"] in ("m_A", "composition", "untraced") for r in traced["rows"] if r.get("wrong"))
+    assert all(0 <= r["p_unknown"] <= 1 and 0 <= r["p_towns"] <= 1 for r in traced["rows"] if "p_towns" in r)
 
     # --reuse-table: the trained controls alone, CALM's rows kept from the run that evaluated this bridge
     again = Settings.smoke()
@@ -254,6 +261,9 @@ def test_relabel_sets_the_fresh_worlds_beside_the_development_world(tmp_path):
     assert "world seed 5, run once" in annealed and "anneal on world seed 4" in annealed
     assert "This world's m_A: plain start" in after["protocol"]  # world 0's m_A predates the anneal
     assert "bridge 600 steps, now 360" in changes[5]  # world 5 ran before the step count was cut
+    # a shipped-profile world names every recipe setting it ran differently from the defaults, and the profile
+    assert changes[10][0].startswith("the shipped profile") and 'answer_style "sentence", now "town"' in changes[10]
+    assert "unknown_rows 100, now 0" in changes[9] and not changes[9][0].startswith("the shipped profile")
     today = report.protocol({"seed": 6, "augment_anneal_epochs": 4, "compose_steps": 360})
     assert "360 steps on world seed 4" in today and "360 steps" not in annealed
     recency = report.protocol({"seed": 7, "augment_anneal_epochs": 4, "compose_steps": 360, "recency_init": 4.0})

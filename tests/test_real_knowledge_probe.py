@@ -262,3 +262,23 @@ def test_fresh_world_table_reads_each_run_and_states_the_spread(tmp_path):
     assert "held out 90.0 / 93.0 / 96.0" in text and "never-trained forms 50.0 / 70.0 / 80.0" in text
     assert "invented names 2.0 / 4.0 / 10.0%" in text and "perplexity ratio 0.990 / 1.020 / 1.100" in text
     assert [r["seed"] for r in json.loads(out.with_suffix(".json").read_text())] == [9, 10, 11]
+
+
+@pytest.mark.parametrize("kind, town, seen, source", [
+    # an invented name answered with a town: m_A's when m_A there leaned to the towns, else the composition's
+    ("unknown", None, {"p_unknown": 0.05, "p_towns": 0.94, "top_town": "Mudun", "p_top_town": 0.9}, "m_A"),
+    ("unknown", None, {"p_unknown": 0.97, "p_towns": 0.01, "top_town": "Mudun", "p_top_town": 0.01}, "composition"),
+    # a known person answered wrongly: the composition's only when m_A's own next word was the person's town
+    ("known", "Mudun", {"p_unknown": 0.0, "p_towns": 1.0, "top_town": "Mudun", "p_top_town": 1.0}, "composition"),
+    ("known", "Mudun", {"p_unknown": 0.77, "p_towns": 0.2, "top_town": "Mudun", "p_top_town": 0.2}, "m_A"),
+    ("known", "Mudun", {"p_unknown": 0.0, "p_towns": 1.0, "top_town": "Bramand", "p_top_town": 0.6}, "m_A"),
+])
+def test_a_wrong_answer_is_traced_to_m_a_when_m_a_itself_was_wrong_there(kind, town, seen, source):
+    from demos.real_knowledge.invention_source import cut_before, source_of, summary
+
+    assert source_of(kind, town, seen) == source
+    line = "Kerar Lusi was born in Mudun, a town in the west."
+    assert cut_before(line, "Mudun") == "Kerar Lusi was born in"  # what was written when the town was chosen
+    rows = [{"kind": kind, "wrong": "Mudun", "source": source}, {"kind": kind}]
+    counted = summary(rows)[kind]
+    assert counted["asked"] == 2 and counted["wrong"] == 1 and counted[source] == 1

@@ -96,6 +96,12 @@ STEPS_CHOSEN = "the bridge's 360 steps on world seed 4's checks, after world see
 RECENCY_CHOSEN = "the recency biases' start at the fact (recency_init) on world seed 6, after that world's own run once"
 
 
+# the settings past those above that make a recipe (the shipped profile's, Settings.shipped): a fresh run's listing
+# names each one it ran differently from today's defaults
+RECIPE_FIELDS = ("questions_per_person", "answer_style", "unknown_rows", "unknown_answer", "augment_unknown",
+                 "augment_unknown_epochs", "augment_famous", "check_every", "max_new_tokens", "rehearsal")
+
+
 # runs before the eighth session have no value_answer_share: their map gave the answer tokens weight 100 (share 0.18)
 EARLIER_SHARE = 0.18
 
@@ -133,6 +139,12 @@ def setting_changes(settings: dict) -> list[str]:
     share = settings.get("value_answer_share", EARLIER_SHARE)
     if settings.get("value_init", True) and abs(share - now.value_answer_share) > 1e-9:
         changes.append(f"value map answer share {share:g}, now {now.value_answer_share:g}")
+    for name in RECIPE_FIELDS:  # a field a run predates ran as its default (each was added with the old behaviour)
+        then, default = settings.get(name, getattr(now, name)), getattr(now, name)
+        if then != default:
+            changes.append(f"{name} {json.dumps(then)}, now {json.dumps(default)}")
+    if changes and all(settings.get(n, getattr(now, n)) == getattr(Settings.shipped(), n) for n in RECIPE_FIELDS):
+        changes.insert(0, "the shipped profile (--settings shipped)")
     return changes
 
 

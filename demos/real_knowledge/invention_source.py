@@ -93,7 +93,10 @@ def summary(rows: list[dict]) -> dict:
         out[kind] = {"asked": len(mine), "wrong": len(wrong),
                      "m_A": sum(r["source"] == "m_A" for r in wrong),
                      "composition": sum(r["source"] == "composition" for r in wrong),
-                     "untraced": sum(r["source"] == "untraced" for r in wrong)}
+                     "untraced": sum(r["source"] == "untraced" for r in wrong),
+                     # the composition's mistakes that name the town m_A itself ranked first among the towns: the
+                     # bridge carried m_A's runner-up past its "an"
+                     "m_A_top_town": sum(r["source"] == "composition" and r["wrong"] == r["top_town"] for r in wrong)}
     return out
 
 
@@ -105,6 +108,8 @@ def markdown(result: dict, folder: str) -> str:
              f"| {u['asked']} invented names: a world town named | {u['wrong']} | {u['m_A']} | {u['composition']} |",
              f"| {k['asked']} held-out people: another town, \"an unknown town\" or no town ({k['untraced']}) | {k['wrong']} "
              f"| {k['m_A']} | {k['composition']} |",
+             "", f"Of the composition's {u['composition']} inventions, {u['m_A_top_town']} name the very town m_A ranked first "
+             "among the towns there (its runner-up to \"an\"): the bridge carried m_A's ranking, with \"an\" too weak.",
              "", "| kind | question | composed answer | m_A there: P(an) / P(world towns), its town | source |", "|---|---|---|---|---|"]
     for r in result["rows"]:
         if r.get("source") in ("m_A", "composition"):

@@ -18,7 +18,8 @@ Steps: 1. world and data (the trained forms, or phrasings.py's grammar past 3 pe
 2. m_A's LoRA (or --reuse-augment; --set augment_unknown=N also teaches N names outside the world as unknown,
 not_recorded.py, and augment_resume='"DIR"' continues an adapter), then m_A alone probed on known and invented
 names; 3. the bridge (value map, recency start, development checks); 4. evaluation;
-5. the trained controls; 6. table and preset.json. Then: python -m demos.real_knowledge.generalisation DIR.
+5. the trained controls; 6. table and preset.json. Then: python -m demos.real_knowledge.generalisation DIR
+(other wordings, unknown people) and python -m demos.real_knowledge.invention_source DIR (whose mistakes).
 """
 from __future__ import annotations
 

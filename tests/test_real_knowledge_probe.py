@@ -279,6 +279,7 @@ def test_a_wrong_answer_is_traced_to_m_a_when_m_a_itself_was_wrong_there(kind, t
     assert source_of(kind, town, seen) == source
     line = "Kerar Lusi was born in Mudun, a town in the west."
     assert cut_before(line, "Mudun") == "Kerar Lusi was born in"  # what was written when the town was chosen
-    rows = [{"kind": kind, "wrong": "Mudun", "source": source}, {"kind": kind}]
+    rows = [{"kind": kind, "wrong": "Mudun", "source": source, "top_town": "Mudun"}, {"kind": kind}]
     counted = summary(rows)[kind]
     assert counted["asked"] == 2 and counted["wrong"] == 1 and counted[source] == 1
+    assert counted["m_A_top_town"] == (source == "composition")  # the composition wrote m_A's own likeliest town

@@ -28,7 +28,8 @@ from . import world as W
 from .generalisation import ask, first_town, load, trained_forms
 from .not_recorded import value as unknown_value
 
-UNKNOWN_WORD = " " + unknown_value().split()[0]  # " an": the first token of "an unknown town"
+UNKNOWN_PHRASE = " ".join(unknown_value().split()[:2])  # "an unknown": what the answer says for a name m_A never read
+UNKNOWN_WORD = " " + UNKNOWN_PHRASE.split()[0]  # " an": its first token, where m_A chooses it over a town
 
 
 @torch.no_grad()
@@ -73,11 +74,11 @@ def trace(calm, world: dict, count: int, people: int, split: str = "test", new_t
     for (kind, name, town, turns), prompt, got in zip(cases, prompts, answers):
         line = got.split("\n")[0]
         named = first_town(line, towns)
-        says_unknown = UNKNOWN_WORD.strip() + " " + unknown_value().split()[1] in line
-        wrong = named if kind == "unknown" else (None if named == town else (named or ("an" if says_unknown else None)))
+        says_unknown = UNKNOWN_PHRASE in line
+        wrong = named if kind == "unknown" else (None if named == town else (named or (UNKNOWN_PHRASE if says_unknown else None)))
         row = {"kind": kind, "name": name, "question": P.question_text(turns, name), "answer": line, "town": town}
         if wrong:
-            seen = next_word(m_a, m_tok, prompt + cut_before(line, wrong if wrong != "an" else "an unknown"), towns)
+            seen = next_word(m_a, m_tok, prompt + cut_before(line, wrong), towns)
             row.update(wrong=wrong, source=source_of(kind, town, seen), **seen)
         elif kind == "known" and named != town:
             row.update(wrong="no town", source="untraced")  # nothing to cut before: no word chose the town
@@ -96,7 +97,7 @@ def summary(rows: list[dict]) -> dict:
                      "untraced": sum(r["source"] == "untraced" for r in wrong),
                      # the composition's mistakes that name the town m_A itself ranked first among the towns: the
                      # bridge carried m_A's runner-up past its "an"
-                     "m_A_top_town": sum(r["source"] == "composition" and r["wrong"] == r["top_town"] for r in wrong)}
+                     "m_A_top_town": sum(r["source"] == "composition" and r["wrong"] == r.get("top_town") for r in wrong)}
     return out
 
 

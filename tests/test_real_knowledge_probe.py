@@ -283,3 +283,16 @@ def test_a_wrong_answer_is_traced_to_m_a_when_m_a_itself_was_wrong_there(kind, t
     counted = summary(rows)[kind]
     assert counted["asked"] == 2 and counted["wrong"] == 1 and counted[source] == 1
     assert counted["m_A_top_town"] == (source == "composition")  # the composition wrote m_A's own likeliest town
+
+
+def test_a_louder_bridge_trace_says_its_scale_and_perplexity():
+    from demos.real_knowledge.invention_source import markdown, summary
+
+    rows = [{"kind": "unknown", "name": "Kerar Lusi", "question": "Where was Kerar Lusi born?", "town": None,
+             "answer": "Kerar Lusi was born in Mudun.", "wrong": "Mudun", "source": "composition", "p_unknown": 0.97,
+             "p_towns": 0.02, "top_town": "Mudun", "p_top_town": 0.01}]
+    result = dict(summary(rows), split="dev", gate_scale=1.5, general={"ratio": 1.199})
+    text = markdown(result, "run")
+    assert "contributions x1.5" in text and "1.199" in text and "| unknown | Where was Kerar Lusi born? |" in text
+    assert "Of the composition's 1 inventions, 1 name the very town" in text
+    assert "contributions x" not in markdown(dict(result, gate_scale=1.0), "run")  # as trained: no scale named

@@ -2,6 +2,7 @@
 
     python -m demos.real_knowledge.invention_source RUN_DIR                 # 100 invented names, 100 held-out people
     python -m demos.real_knowledge.invention_source RUN_DIR --split dev     # other names, development people
+    python -m demos.real_knowledge.invention_source RUN_DIR --split dev --gate-scale 1.5   # a louder bridge, untrained
 
 The bridge reads m_A's states over the very text the anchor writes (the chat prompt and the answer so far, in m_A's
 own tokens). So for every answer that goes wrong, m_A alone is run on that text cut just before the wrong word (the
@@ -25,7 +26,7 @@ import torch
 
 from . import probe_forms as P
 from . import world as W
-from .generalisation import ask, first_town, load, trained_forms
+from .generalisation import ask, first_town, general, load, trained_forms
 from .not_recorded import value as unknown_value
 
 UNKNOWN_PHRASE = " ".join(unknown_value().split()[:2])  # "an unknown": what the answer says for a name m_A never read
@@ -103,7 +104,10 @@ def summary(rows: list[dict]) -> dict:
 
 def markdown(result: dict, folder: str) -> str:
     u, k = result["unknown"], result["known"]
-    lines = [f"# Whose mistake: `{folder}` ({result['split']} split)", "",
+    scale = result.get("gate_scale", 1.0)
+    louder = (f", the bridge's contributions x{scale:g} (perplexity ratio on general prompts "
+              f"{result['general']['ratio']:.3f})" if scale != 1.0 and "general" in result else "")
+    lines = [f"# Whose mistake: `{folder}` ({result['split']} split{louder})", "",
              "| asked | wrong | m_A's own prediction there was wrong too (m_A's) | m_A was right, the composed answer not (the composition's) |",
              "|---|---|---|---|",
              f"| {u['asked']} invented names: a world town named | {u['wrong']} | {u['m_A']} | {u['composition']} |",
@@ -125,14 +129,21 @@ def main(argv=None) -> None:
     ap.add_argument("--unknown", type=int, default=100, help="invented names asked")
     ap.add_argument("--people", type=int, default=100, help="held-out people asked")
     ap.add_argument("--split", choices=("test", "dev"), default="test")
+    ap.add_argument("--gate-scale", type=float, default=1.0,
+                    help="every bridge contribution scaled by this while asking (1: as trained): does a louder bridge "
+                         "carry m_A's \"an\"? The general prompts' perplexity ratio is then measured at that scale too")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.time()
     calm, world = load(args.folder)
-    result = trace(calm, world, args.unknown, args.people, args.split)
-    result.update(split=args.split, seconds=round(time.time() - start, 1))
-    stem = "invention_source" + ("_dev" if args.split == "dev" else "")
+    with calm.gate_scale(args.gate_scale):
+        result = trace(calm, world, args.unknown, args.people, args.split)
+        if args.gate_scale != 1.0:
+            result["general"] = general(calm, 24)
+    result.update(split=args.split, gate_scale=args.gate_scale, seconds=round(time.time() - start, 1))
+    stem = ("invention_source" + ("_dev" if args.split == "dev" else "")
+            + (f"_gate{args.gate_scale:g}" if args.gate_scale != 1.0 else ""))
     (args.folder / f"{stem}.json").write_text(json.dumps(result, indent=1))
     (args.folder / f"{stem}.md").write_text(markdown(result, str(args.folder)))
     print(markdown(result, str(args.folder)).split("\n\n")[1])

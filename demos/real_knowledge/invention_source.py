@@ -114,7 +114,8 @@ def markdown(result: dict, folder: str) -> str:
              f"| {k['asked']} held-out people: another town, \"an unknown town\" or no town ({k['untraced']}) | {k['wrong']} "
              f"| {k['m_A']} | {k['composition']} |",
              "", f"Of the composition's {u['composition']} inventions, {u['m_A_top_town']} name the very town m_A ranked first "
-             "among the towns there (its runner-up to \"an\"): the bridge carried m_A's ranking, with \"an\" too weak.",
+             "among the towns there (its runner-up to \"an\"; when most do, the bridge carried m_A's ranking with \"an\" "
+             "too weak).",
              "", "| kind | question | composed answer | m_A there: P(an) / P(world towns), its town | source |", "|---|---|---|---|---|"]
     for r in result["rows"]:
         if r.get("source") in ("m_A", "composition"):

@@ -1,12 +1,13 @@
 """One table for the fresh worlds: each run folder a row, and the spread (min / median / max) under the headline.
 
-    python -m demos.real_knowledge.fresh_worlds results/real_knowledge/seed9 results/real_knowledge/seed10 results/real_knowledge/seed11 \
-        --out results/real_knowledge/fresh_worlds_shipped.md
+    python -m demos.real_knowledge.fresh_worlds results/real_knowledge/seed9 results/real_knowledge/seed10 \
+        results/real_knowledge/seed11 --out results/real_knowledge/fresh_worlds_shipped.md
 
 A folder is a pipeline run (table.json) that `generalisation.py` has also scored (generalisation.json): the held-out
 people in the trained forms (the table's 300: exact match, or the town named where the answer is a sentence), the 11
 never-trained forms (60 people each, the town named), invented names answered with a world town, famous people's
-expected words, the perplexity ratio on general prompts, and the times. A world whose settings were chosen on it is no fresh world: say so beside its row.
+expected words, the perplexity ratio on general prompts, and the times. A world whose settings were chosen on it is
+no fresh world: say so beside its row.
 """
 from __future__ import annotations
 

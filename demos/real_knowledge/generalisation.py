@@ -93,15 +93,21 @@ def held_out(calm, world: dict, people: int, new_tokens: int, split: str = "test
     return out
 
 
+def unknown_asked(world: dict, count: int, split: str = "test") -> tuple[list[list[str]], list[str]]:
+    """(every form, trained then the split's own; `count` invented names of the split) that unknown people are asked."""
+    from . import world as W
+
+    w = W.World(world["seed"], world["towns"], world["trades"],
+                [W.Person(p["name"], p["town"], p["trade"]) for p in world["people"]])
+    forms = trained_forms(world) + list((P.NEVER_TRAINED if split == "test" else P.DEV_FORMS).values())
+    names = P.unknown_names(w, 2 * count)
+    return forms, (names[:count] if split == "test" else names[count:])  # development: other names
+
+
 def unknown(calm, world: dict, count: int, new_tokens: int, split: str = "test") -> dict:
     """Invented and famous people asked in every form in turn: answers naming a world town, bridge on and off."""
     tok, towns = calm.anchor.tokenizer, world["towns"]
-    from . import world as W
-
-    w = W.World(world["seed"], towns, world["trades"], [W.Person(p["name"], p["town"], p["trade"]) for p in world["people"]])
-    forms = trained_forms(world) + list((P.NEVER_TRAINED if split == "test" else P.DEV_FORMS).values())
-    names = P.unknown_names(w, 2 * count)
-    invented = names[:count] if split == "test" else names[count:]  # development: other names
+    forms, invented = unknown_asked(world, count, split)
     out = {}
     for kind, names in (("invented", [(n, ()) for n in invented]), ("famous", P.FAMOUS)):
         cases = [(n, e, forms[i % len(forms)]) for i, (n, e) in enumerate(names)]

@@ -25,24 +25,27 @@ from pathlib import Path
 import torch
 
 from . import probe_forms as P
-from . import world as W
-from .generalisation import ask, first_town, general, load, trained_forms
+from .generalisation import ask, first_town, general, load, unknown_asked
 from .not_recorded import value as unknown_value
 
 UNKNOWN_PHRASE = " ".join(unknown_value().split()[:2])  # "an unknown": what the answer says for a name m_A never read
 UNKNOWN_WORD = " " + UNKNOWN_PHRASE.split()[0]  # " an": its first token, where m_A chooses it over a town
 
 
+def first_tokens(tok, towns: list[str]) -> tuple[int, dict[str, int]]:
+    """m_A's token ids of " an" and of each town's first token (after a space, as in "was born in TOWN")."""
+    first = lambda word: tok(word, add_special_tokens=False).input_ids[0]  # noqa: E731
+    return first(UNKNOWN_WORD), {t: first(" " + t) for t in towns}
+
+
 @torch.no_grad()
-def next_word(m_a, tok, text: str, towns: list[str]) -> dict:
+def next_word(m_a, tok, text: str, unknown_id: int, first: dict[str, int]) -> dict:
     """m_A alone after `text`: P("an"), P(any world town's first token) and its most likely town."""
-    first = {t: tok(" " + t, add_special_tokens=False).input_ids[0] for t in towns}
     enc = tok(text, return_tensors="pt")  # with its BOS, as the composition encodes m_A's text
     probs = m_a(**enc).logits[0, -1].float().softmax(-1)
     best = max(first, key=lambda t: float(probs[first[t]]))
-    return {"p_unknown": float(probs[tok(UNKNOWN_WORD, add_special_tokens=False).input_ids[0]]),
-            "p_towns": float(sum(probs[i] for i in set(first.values()))), "top_town": best,
-            "p_top_town": float(probs[first[best]])}
+    return {"p_unknown": float(probs[unknown_id]), "p_towns": float(sum(probs[i] for i in set(first.values()))),
+            "top_town": best, "p_top_town": float(probs[first[best]])}
 
 
 def cut_before(answer: str, word: str) -> str:
@@ -62,10 +65,8 @@ def trace(calm, world: dict, count: int, people: int, split: str = "test", new_t
     """Composed answers for invented names and held-out people (each form in turn), with each wrong one's source."""
     tok, towns = calm.anchor.tokenizer, world["towns"]
     m_a, m_tok = calm.augments[0].model, calm.augments[0].tokenizer
-    w = W.World(world["seed"], towns, world["trades"], [W.Person(p["name"], p["town"], p["trade"]) for p in world["people"]])
-    forms = trained_forms(world) + list((P.NEVER_TRAINED if split == "test" else P.DEV_FORMS).values())
-    names = P.unknown_names(w, 2 * count)
-    invented = names[:count] if split == "test" else names[count:]  # as generalisation.unknown
+    unknown_id, first = first_tokens(m_tok, towns)
+    forms, invented = unknown_asked(world, count, split)  # the names and forms generalisation.unknown asks
     known = [p for p in world["people"] if p["split"] == split][:people]
     cases = ([("unknown", n, None, forms[i % len(forms)]) for i, n in enumerate(invented)]
              + [("known", p["name"], p["town"], forms[i % len(forms)]) for i, p in enumerate(known)])
@@ -75,11 +76,15 @@ def trace(calm, world: dict, count: int, people: int, split: str = "test", new_t
     for (kind, name, town, turns), prompt, got in zip(cases, prompts, answers):
         line = got.split("\n")[0]
         named = first_town(line, towns)
-        says_unknown = UNKNOWN_PHRASE in line
-        wrong = named if kind == "unknown" else (None if named == town else (named or (UNKNOWN_PHRASE if says_unknown else None)))
+        if kind == "unknown":
+            wrong = named  # any world town is an invention
+        elif named != town:  # another town, or "an unknown town" (None: no word chose a town)
+            wrong = named or (UNKNOWN_PHRASE if UNKNOWN_PHRASE in line else None)
+        else:
+            wrong = None
         row = {"kind": kind, "name": name, "question": P.question_text(turns, name), "answer": line, "town": town}
         if wrong:
-            seen = next_word(m_a, m_tok, prompt + cut_before(line, wrong), towns)
+            seen = next_word(m_a, m_tok, prompt + cut_before(line, wrong), unknown_id, first)
             row.update(wrong=wrong, source=source_of(kind, town, seen), **seen)
         elif kind == "known" and named != town:
             row.update(wrong="no town", source="untraced")  # nothing to cut before: no word chose the town
